@@ -1,0 +1,2 @@
+//! Compute kernels: scalar reference implementations (the oracle) and, later,
+//! SIMD implementations chosen at run time.

@@ -1,0 +1,3 @@
+//! Model semantics: config from GGUF metadata, weights, the Llama decoder, the KV cache
+//! and the backend seam.
+#![forbid(unsafe_code)]
