@@ -1,0 +1,1 @@
+//! Property-style tests of the sampler stages and chain.
