@@ -9,44 +9,54 @@ pub struct TokenLogprob {
     pub logprob: f32,
 }
 
-/// `max + ln(sum(exp(l - max)))` over finite-or-`-inf` logits (NaN treated as `-inf`).
+/// NaN -> `-inf`, `+inf` -> `f32::MAX`, as the sampler does.
+fn sanitize(l: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        l.min(f32::MAX)
+    }
+}
+
+/// Log-probability of raw logit `l` given the log-sum-exp of all `n` logits.
+fn logprob(l: f32, lse: f32, n: usize) -> f32 {
+    if lse == f32::NEG_INFINITY {
+        -(n as f32).ln()
+    } else {
+        sanitize(l) - lse
+    }
+}
+
+/// `max + ln(sum(exp(l - max)))` over the sanitized logits.
 fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits
         .iter()
-        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-    if max == f32::NEG_INFINITY || max == f32::INFINITY {
+        .map(|&l| sanitize(l))
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
         return max;
     }
     let sum: f64 = logits
         .iter()
-        .filter(|l| !l.is_nan())
-        .map(|&l| f64::from((l - max).exp()))
+        .map(|&l| f64::from((sanitize(l) - max).exp()))
         .sum();
     max + sum.ln() as f32
 }
 
-/// Log-softmax of `logits` ([n_vocab] f32) -> [n_vocab] f32. NaN logits get `-inf`.
+/// Log-softmax of `logits` ([n_vocab] f32) -> [n_vocab] f32. NaN logits get `-inf`; all `-inf`
+/// logits give all `NaN` (no distribution).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let lse = log_sum_exp(logits);
     logits
         .iter()
-        .map(|&l| {
-            if l.is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                l - lse
-            }
-        })
+        .map(|&l| logprob(l, lse, logits.len()))
         .collect()
 }
 
 /// Log-probability of `token` under the softmax of `logits`; `None` if out of range.
 pub fn token_logprob(logits: &[f32], token: u32) -> Option<f32> {
     let l = *logits.get(token as usize)?;
-    if l.is_nan() {
-        return Some(f32::NEG_INFINITY);
-    }
-    Some(l - log_sum_exp(logits))
+    Some(logprob(l, log_sum_exp(logits), logits.len()))
 }
 
 /// The `n` most likely tokens with their log-probabilities, most likely first (ties: lower id).
@@ -104,11 +114,16 @@ mod tests {
     }
 
     #[test]
-    fn handles_neg_inf_and_nan() {
+    fn handles_inf_and_nan() {
         let logits = [f32::NEG_INFINITY, 0.0, f32::NAN];
         let lp = log_softmax(&logits);
         assert_eq!(lp[0], f32::NEG_INFINITY);
         assert!(lp[1].abs() < 1e-6);
         assert_eq!(lp[2], f32::NEG_INFINITY);
+        let lp = log_softmax(&[f32::INFINITY, 1.0]);
+        assert_eq!(lp[0], 0.0);
+        assert!(lp[1] < -1e30);
+        let lp = log_softmax(&[f32::NEG_INFINITY; 4]);
+        assert!(lp.iter().all(|&x| (x - 0.25f32.ln()).abs() < 1e-6));
     }
 }

@@ -58,6 +58,17 @@ pub struct Candidates {
     pub selected: Option<usize>,
 }
 
+/// NaN -> `-inf` (never picked), `+inf` -> `f32::MAX` (keeps softmax finite).
+fn sanitize(l: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else if l == f32::INFINITY {
+        f32::MAX
+    } else {
+        l
+    }
+}
+
 /// Descending by logit, ties broken by ascending id (deterministic, argmax-compatible).
 fn by_logit_desc(a: &TokenData, b: &TokenData) -> Ordering {
     b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
@@ -65,7 +76,7 @@ fn by_logit_desc(a: &TokenData, b: &TokenData) -> Ordering {
 
 impl Candidates {
     /// Builds the full candidate list from one row of logits. NaN logits become `-inf` so they
-    /// can never be picked.
+    /// can never be picked; `+inf` becomes `f32::MAX` so softmax stays finite.
     pub fn from_logits(logits: &[f32]) -> Self {
         let mut c = Self::default();
         c.fill_from_logits(logits);
@@ -78,7 +89,7 @@ impl Candidates {
         self.data
             .extend(logits.iter().enumerate().map(|(i, &l)| TokenData {
                 id: i as u32,
-                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+                logit: sanitize(l),
                 p: 0.0,
             }));
         self.sorted = false;
