@@ -1,2 +1,5 @@
 //! Compute kernels: scalar reference implementations (the oracle) and, later,
 //! SIMD implementations chosen at run time.
+
+pub mod cpu;
+pub mod cuda_probe;
