@@ -3,3 +3,5 @@
 
 pub mod cpu;
 pub mod cuda_probe;
+pub mod pool;
+pub mod quantdot;

@@ -1,0 +1,371 @@
+//! AVX2 (+FMA, F16C) dot products built on `vpmaddubsw` (u8 × i8 → i16 pairs)
+//! and `vpmaddwd` (i16 × i16 → i32 pairs, applying integer sub-block scales).
+//!
+//! Every function: `w` = one weight row of whole blocks, `a` = the matching
+//! activation blocks; the shorter operand bounds the work, so all loads stay in
+//! bounds. Callers must make sure the CPU has AVX2, FMA and F16C.
+
+use core::arch::x86_64::*;
+
+use super::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+
+/// Byte-shuffle masks broadcasting i16 lane `k` (of 8) to all 16 lanes.
+static SHUF_I16: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut k = 0;
+    while k < 8 {
+        let mut i = 0;
+        while i < 16 {
+            t[k][2 * i] = 2 * k as u8;
+            t[k][2 * i + 1] = 2 * k as u8 + 1;
+            i += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// Byte-shuffle masks for Q6_K: low 128-bit lane gets i16 `2i`, high lane `2i + 1`.
+static SHUF_Q6: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut i = 0;
+        while i < 8 {
+            t[k][2 * i] = 4 * k as u8;
+            t[k][2 * i + 1] = 4 * k as u8 + 1;
+            t[k][16 + 2 * i] = 4 * k as u8 + 2;
+            t[k][16 + 2 * i + 1] = 4 * k as u8 + 3;
+            i += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes at `p`.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// f16 at `p` (unaligned) to f32 via F16C.
+#[inline(always)]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees 2 readable bytes at `p` and F16C.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+/// Horizontal sum of 8 f32.
+#[inline(always)]
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+    // SAFETY: register-only AVX ops; caller guarantees AVX.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        hsum_ps128(s)
+    }
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum_ps128(s: __m128) -> f32 {
+    // SAFETY: register-only SSE3 ops; caller guarantees AVX.
+    unsafe {
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// The 12-byte K-quant scale field as 16 u8: scales in bytes 0..8, mins in 8..16.
+#[inline(always)]
+pub(super) unsafe fn scales_mins_k4(p: *const u8) -> __m128i {
+    // SAFETY: caller guarantees 12 readable bytes at `p`.
+    let (u0, u1, u2) = unsafe {
+        let p = p as *const u32;
+        (
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+        )
+    };
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    // SAFETY: register-only SSE2 op.
+    unsafe { _mm_set_epi32(m_hi as i32, m_lo as i32, sc_hi as i32, sc_lo as i32) }
+}
+
+/// Shared body of Q4_K / Q5_K (`FIVE` selects the high-bit plane).
+#[inline(always)]
+unsafe fn dot_k4<const FIVE: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let bb = if FIVE { 176 } else { 144 };
+    let nb = a.len().min(w.len() / bb);
+    // SAFETY: block i spans w[i*bb..(i+1)*bb] with i < nb ≤ w.len()/bb; all
+    // loads below stay inside that block or inside `a[i]`. CPU features are
+    // the caller's contract.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m1 = _mm256_set1_epi8(0x01);
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = _mm_setzero_ps();
+        for i in 0..nb {
+            let b = w.as_ptr().add(i * bb);
+            let y = a.get_unchecked(i);
+            let d = y.d * f16_at(b);
+            let dmin = -y.d * f16_at(b.add(2));
+            let sm = _mm256_cvtepu8_epi16(scales_mins_k4(b.add(4)));
+            // Mins: Σ_j m_j · (bsum_2j + bsum_2j+1).
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let bs8 = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let pm = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), bs8);
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m);
+            let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+            let (qs, mut hb) = if FIVE {
+                (b.add(48), load(b.add(16)))
+            } else {
+                (b.add(16), _mm256_setzero_si256())
+            };
+            let q8 = y.qs.as_ptr() as *const u8;
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let sl = _mm256_shuffle_epi8(scales, load(SHUF_I16[2 * j].as_ptr()));
+                let sh = _mm256_shuffle_epi8(scales, load(SHUF_I16[2 * j + 1].as_ptr()));
+                let q4 = load(qs.add(32 * j));
+                let mut ql = _mm256_and_si256(q4, m4);
+                let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
+                if FIVE {
+                    let hl = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m1));
+                    let hh =
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<1>(hb), m1));
+                    ql = _mm256_or_si256(ql, hl);
+                    qh = _mm256_or_si256(qh, hh);
+                    hb = _mm256_srli_epi16::<2>(hb);
+                }
+                let pl = _mm256_maddubs_epi16(ql, load(q8.add(64 * j)));
+                let ph = _mm256_maddubs_epi16(qh, load(q8.add(64 * j + 32)));
+                let pl = _mm256_madd_epi16(sl, pl);
+                let ph = _mm256_madd_epi16(sh, ph);
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps(acc) + hsum_ps128(acc_m)
+    }
+}
+
+/// Q4_K · Q8_K.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: features enabled on this function; bounds handled in dot_k4.
+    unsafe { dot_k4::<false>(w, a) }
+}
+
+/// Q5_K · Q8_K.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: features enabled on this function; bounds handled in dot_k4.
+    unsafe { dot_k4::<true>(w, a) }
+}
+
+/// Q6_K · Q8_K.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let nb = a.len().min(w.len() / 210);
+    // SAFETY: block i spans w[i*210..(i+1)*210], i < nb; every load is inside
+    // it (ql 0..128, qh 128..192, scales 192..208, d 208..210) or inside a[i].
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m3 = _mm256_set1_epi8(0x03);
+        let mut acc = _mm256_setzero_ps();
+        for i in 0..nb {
+            let b = w.as_ptr().add(i * 210);
+            let y = a.get_unchecked(i);
+            let d = y.d * f16_at(b.add(208));
+            let q8 = y.qs.as_ptr() as *const u8;
+            // -32 offset folded in through the activation block sums.
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+            let mut sumi = _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)),
+            );
+            for n in 0..2 {
+                let sc = _mm_cvtepi8_epi16(_mm_loadl_epi64(b.add(192 + 8 * n) as *const __m128i));
+                let sc = _mm256_broadcastsi128_si256(sc);
+                let l1 = load(b.add(64 * n));
+                let l2 = load(b.add(64 * n + 32));
+                let hb = load(b.add(128 + 32 * n));
+                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m3));
+                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(hb), m3));
+                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(hb), m3));
+                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(hb), m3));
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), h0),
+                    _mm256_or_si256(_mm256_and_si256(l2, m4), h1),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), h2),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l2), m4), h3),
+                ];
+                for (k, qk) in q.iter().enumerate() {
+                    let p = _mm256_maddubs_epi16(*qk, load(q8.add(128 * n + 32 * k)));
+                    let s = _mm256_shuffle_epi8(sc, load(SHUF_Q6[k].as_ptr()));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps(acc)
+    }
+}
+
+/// 16 packed nibbles at `p` → 32 bytes (low nibbles first, then high).
+#[inline(always)]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes at `p` and AVX2.
+    unsafe {
+        let x = _mm_loadu_si128(p as *const __m128i);
+        let v = _mm256_set_m128i(_mm_srli_epi16::<4>(x), x);
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+    }
+}
+
+/// Bit `j` of `x` → byte `j` = 0xFF or 0x00.
+#[inline(always)]
+pub(super) unsafe fn bytes_from_bits32(x: u32) -> __m256i {
+    // SAFETY: register-only AVX2 ops; caller guarantees AVX2.
+    unsafe {
+        let t = _mm256_set1_epi32(x as i32);
+        let shuf = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(t, shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+}
+
+/// Σ x·y over 32 signed bytes, as 8 i32 (sign trick; exact for x ≠ -128 or y ≠ -128).
+#[inline(always)]
+unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 ops.
+    unsafe {
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    }
+}
+
+/// Q8_0 · Q8_0.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let nb = a.len().min(w.len() / 34);
+    // SAFETY: block i = w[i*34..(i+1)*34], i < nb; loads of 2 + 32 bytes.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (i, y) in a[..nb].iter().enumerate() {
+            let b = w.as_ptr().add(i * 34);
+            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let p = dot_i8(load(b.add(2)), load(y.qs.as_ptr() as *const u8));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        }
+        hsum_ps(acc)
+    }
+}
+
+/// Q4_0 · Q8_0.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let nb = a.len().min(w.len() / 18);
+    // SAFETY: block i = w[i*18..(i+1)*18], i < nb; loads of 2 + 16 bytes.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let off = _mm256_set1_epi8(8);
+        for (i, y) in a[..nb].iter().enumerate() {
+            let b = w.as_ptr().add(i * 18);
+            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let q = _mm256_sub_epi8(nibbles32(b.add(2)), off);
+            let p = dot_i8(q, load(y.qs.as_ptr() as *const u8));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        }
+        hsum_ps(acc)
+    }
+}
+
+/// Q4_1 · Q8_1.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+    let nb = a.len().min(w.len() / 20);
+    // SAFETY: block i = w[i*20..(i+1)*20], i < nb; loads of 4 + 16 bytes.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        let ones = _mm256_set1_epi16(1);
+        for (i, y) in a[..nb].iter().enumerate() {
+            let b = w.as_ptr().add(i * 20);
+            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            summs += f16_at(b.add(2)) * f16_at(&y.s as *const u16 as *const u8);
+            let q = nibbles32(b.add(4));
+            let p = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(q, load(y.qs.as_ptr() as *const u8)),
+                ones,
+            );
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        }
+        hsum_ps(acc) + summs
+    }
+}
+
+/// Q5_0 · Q8_0.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let nb = a.len().min(w.len() / 22);
+    // SAFETY: block i = w[i*22..(i+1)*22], i < nb; loads of 2 + 4 + 16 bytes.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let hi = _mm256_set1_epi8(0xF0u8 as i8);
+        for (i, y) in a[..nb].iter().enumerate() {
+            let b = w.as_ptr().add(i * 22);
+            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let qh = (b.add(2) as *const u32).read_unaligned();
+            // q | 0xF0 == q - 16 (mod 256) where the 5th bit is clear.
+            let bxhi = _mm256_andnot_si256(bytes_from_bits32(qh), hi);
+            let q = _mm256_or_si256(nibbles32(b.add(6)), bxhi);
+            let p = dot_i8(q, load(y.qs.as_ptr() as *const u8));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        }
+        hsum_ps(acc)
+    }
+}
