@@ -1,0 +1,95 @@
+//! The error type of the model crate.
+
+/// Errors from loading a model or running it.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file could not be read or is malformed.
+    #[error(transparent)]
+    Gguf(#[from] damascus_gguf::GgufError),
+    /// A required metadata key is absent.
+    #[error("metadata key {key} is missing{hint}")]
+    MissingKey {
+        /// The key.
+        key: String,
+        /// Extra context (may be empty), starting with "; ".
+        hint: String,
+    },
+    /// A metadata value is present but unusable.
+    #[error("metadata key {key}: {message}")]
+    BadConfig {
+        /// The key (or keys) involved.
+        key: String,
+        /// What is wrong, with the values found.
+        message: String,
+    },
+    /// The architecture is not one Damascus runs.
+    #[error("unsupported architecture {arch:?} (general.architecture); supported: llama")]
+    UnsupportedArch {
+        /// The value of `general.architecture`.
+        arch: String,
+    },
+    /// A tensor's shape disagrees with the config.
+    #[error("tensor {name}: expected shape {expected:?}, found {found:?} ({why})")]
+    TensorShape {
+        /// Tensor name.
+        name: String,
+        /// Expected dims (ggml order: row length first).
+        expected: Vec<u64>,
+        /// Dims in the file.
+        found: Vec<u64>,
+        /// Which config values the expectation comes from.
+        why: String,
+    },
+    /// A tensor that the config says cannot exist (e.g. a layer past `block_count`).
+    #[error("unexpected tensor {name}: {why}")]
+    UnexpectedTensor {
+        /// Tensor name.
+        name: String,
+        /// Why it is unexpected.
+        why: String,
+    },
+    /// A required tensor is absent.
+    #[error("tensor {name} is missing from the model")]
+    MissingTensor {
+        /// Tensor name.
+        name: String,
+    },
+    /// A tensor or activation has the wrong shape or type for the operation.
+    #[error("tensor shape: {what}")]
+    Tensor {
+        /// What is wrong, with names and expected vs found.
+        what: String,
+    },
+    /// A forward pass would run past the KV cache.
+    #[error(
+        "context full: {n_past} positions used + {n_tokens} new > context length {n_ctx} \
+         (raise it with -c)"
+    )]
+    ContextFull {
+        /// Capacity of the KV cache.
+        n_ctx: usize,
+        /// Positions already in the cache.
+        n_past: usize,
+        /// Tokens in the rejected batch.
+        n_tokens: usize,
+    },
+    /// `eval` was called with no tokens.
+    #[error("no tokens to evaluate")]
+    EmptyInput,
+    /// A token id is outside the vocabulary.
+    #[error("token id {id} is out of range for a vocabulary of {n_vocab}")]
+    TokenOutOfRange {
+        /// The token id.
+        id: u32,
+        /// Vocabulary size.
+        n_vocab: usize,
+    },
+    /// The requested backend is not available on this machine or build.
+    #[error("backend {name} is not available: {why}")]
+    BackendUnavailable {
+        /// Backend name.
+        name: String,
+        /// Why.
+        why: String,
+    },
+}
