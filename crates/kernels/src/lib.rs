@@ -3,5 +3,6 @@
 
 pub mod cpu;
 pub mod cuda_probe;
+pub mod reference;
 pub mod pool;
 pub mod quantdot;

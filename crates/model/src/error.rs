@@ -60,6 +60,9 @@ pub enum ModelError {
         /// What is wrong, with names and expected vs found.
         what: String,
     },
+    /// A kernel rejected its data (e.g. an unsupported weight type).
+    #[error(transparent)]
+    Kernel(#[from] damascus_kernels::reference::KernelError),
     /// A forward pass would run past the KV cache.
     #[error(
         "context full: {n_past} positions used + {n_tokens} new > context length {n_ctx} \

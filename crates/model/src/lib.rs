@@ -1,8 +1,20 @@
 //! Model semantics: config from GGUF metadata, weights, the Llama decoder, the KV cache
 //! and the backend seam.
+//!
+//! * [`tensor`]: zero-copy tensor views over the mapped file or host memory.
+//! * [`backend`]: the [`Backend`](backend::Backend) trait and the scalar reference backend.
+//! * [`decoder`]: the Llama forward pass, generic over the backend.
+//! * [`params`]: hyper-parameters as the decoder uses them.
+//! * [`session`]: the [`Model`] / [`Session`] façade the runtime and CLI use.
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod backend;
+pub mod decoder;
 pub mod error;
+pub mod params;
+pub mod session;
+pub mod tensor;
 
 pub use error::ModelError;
+pub use session::{BackendKind, LoadOptions, Model, Session};

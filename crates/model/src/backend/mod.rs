@@ -1,0 +1,183 @@
+//! The backend seam: the ops the decoder needs, at a granularity that a scalar reference, a
+//! multithreaded SIMD CPU backend and a CUDA backend (device-resident activations, graph
+//! capture) can all implement.
+//!
+//! The decoder ([`crate::decoder`]) owns no arithmetic: it allocates activations through the
+//! backend, asks it to prepare every weight once at load ([`Backend::prepare_matrix`] may
+//! repack, quantize or upload), and then drives one forward pass as a fixed sequence of ops.
+//! Activations, prepared weights and the KV cache are associated types, so a GPU backend keeps
+//! them on the device and the decoder never sees a pointer. Host data crosses the seam only in
+//! [`Backend::embed`] (token ids) and [`Backend::read`] (logits, and hidden states for
+//! `verify`).
+//!
+//! Fused ops ([`Backend::qkv`], [`Backend::ffn_gate_up`]) have default implementations in terms
+//! of the primitive ones; fast backends override them.
+//!
+//! Every backend is checked against [`reference::ReferenceBackend`], the scalar f32 oracle.
+
+pub mod reference;
+
+use damascus_kernels::reference::{AttnShape, RopeLayout};
+
+use crate::error::ModelError;
+use crate::tensor::FileTensor;
+
+/// Geometry of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Layers.
+    pub n_layer: usize,
+    /// Positions held (the context length).
+    pub n_ctx: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+/// Rotary embedding parameters, fixed at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Pair layout (adjacent for GGUF llama).
+    pub layout: RopeLayout,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// `[n_rot / 2]` inverse frequencies, llama3 factors already applied.
+    pub inv_freq: Vec<f32>,
+}
+
+/// The ops of a Llama forward pass. All activations are `[n_tokens, width]` f32 in meaning;
+/// their physical layout and location are the backend's business.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// An activation buffer of `[n_tokens, width]` f32.
+    type Act: Send;
+    /// A prepared weight matrix `[rows, cols]` (`y = x · Wᵀ`).
+    type Matrix: Send + Sync;
+    /// A prepared f32 vector (norm weights).
+    type Vector: Send + Sync;
+    /// The KV cache of every layer.
+    type KvCache: Send;
+
+    /// Short name for logs and `--device-info` (`"reference"`, `"cpu-avx512"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+
+    /// Prepares a 2-D weight for [`Backend::matmul`] / [`Backend::embed`]: keep the mapping,
+    /// repack or upload it. Called once per tensor at load.
+    fn prepare_matrix(&self, w: &FileTensor) -> Result<Self::Matrix, ModelError>;
+
+    /// Prepares a 1-D f32 weight (a norm scale). Called once per tensor at load.
+    fn prepare_vector(&self, w: &FileTensor) -> Result<Self::Vector, ModelError>;
+
+    /// Allocates an activation buffer `[n_tokens, width]` (contents unspecified).
+    fn alloc(&self, n_tokens: usize, width: usize) -> Result<Self::Act, ModelError>;
+
+    /// Allocates a KV cache for `shape.n_ctx` positions of every layer.
+    fn new_kv_cache(&self, shape: KvShape) -> Result<Self::KvCache, ModelError>;
+
+    /// Called before the ops of one forward pass (a CUDA backend may start graph capture or
+    /// replay here). Default: nothing.
+    fn begin_forward(&self, n_tokens: usize, pos0: usize) -> Result<(), ModelError> {
+        let _ = (n_tokens, pos0);
+        Ok(())
+    }
+
+    /// Called after the last op of one forward pass. Default: nothing.
+    fn end_forward(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// `out[t] = table[ids[t]]`: `table` `[n_vocab, n_embd]`, `out` `[n_tokens, n_embd]`.
+    fn embed(
+        &self,
+        table: &Self::Matrix,
+        ids: &[u32],
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError>;
+
+    /// `out = rms_norm(x) * w`: `x`, `out` `[n_tokens, n]`, `w` `[n]`.
+    fn rms_norm(
+        &self,
+        x: &Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError>;
+
+    /// `out = x · Wᵀ`: `w` `[rows, cols]`, `x` `[n_tokens, cols]`, `out` `[n_tokens, rows]`.
+    fn matmul(
+        &self,
+        w: &Self::Matrix,
+        x: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError>;
+
+    /// Rotates `x` `[n_tokens, n_head, head_dim]` in place; token `t` sits at `pos0 + t`.
+    fn rope(
+        &self,
+        x: &mut Self::Act,
+        n_head: usize,
+        pos0: usize,
+        rope: &RopeParams,
+    ) -> Result<(), ModelError>;
+
+    /// Writes `k`, `v` (`[n_tokens, n_head_kv, head_dim]`) into `layer`'s cache at positions
+    /// `pos0..pos0 + n_tokens`, then computes causal GQA attention of `q`
+    /// (`[n_tokens, n_head, head_dim]`) over positions `0..=pos0 + t` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError>;
+
+    /// `gate = silu(gate) * up`, both `[n_tokens, n_ff]`.
+    fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), ModelError>;
+
+    /// `x += y`, both `[n_tokens, n]`.
+    fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<(), ModelError>;
+
+    /// Copies row `row` of `src` `[n_tokens, n]` into `dst` `[1, n]`.
+    fn copy_row(&self, src: &Self::Act, row: usize, dst: &mut Self::Act) -> Result<(), ModelError>;
+
+    /// Reads `x` back to the host as `[n_tokens, width]` f32, row-major.
+    fn read(&self, x: &Self::Act) -> Result<Vec<f32>, ModelError>;
+
+    /// Q, K and V projections of the same normed input `x` `[n_tokens, n_embd]`.
+    /// Default: three [`Backend::matmul`]s.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv(
+        &self,
+        x: &Self::Act,
+        wq: &Self::Matrix,
+        wk: &Self::Matrix,
+        wv: &Self::Matrix,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        self.matmul(wq, x, q)?;
+        self.matmul(wk, x, k)?;
+        self.matmul(wv, x, v)
+    }
+
+    /// `gate = silu(x · W_gateᵀ) * (x · W_upᵀ)`, the first half of the SwiGLU FFN; `up` is
+    /// scratch. Default: two matmuls and [`Backend::swiglu`].
+    fn ffn_gate_up(
+        &self,
+        x: &Self::Act,
+        w_gate: &Self::Matrix,
+        w_up: &Self::Matrix,
+        gate: &mut Self::Act,
+        up: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        self.matmul(w_gate, x, gate)?;
+        self.matmul(w_up, x, up)?;
+        self.swiglu(gate, up)
+    }
+}

@@ -1,0 +1,206 @@
+//! The scalar f32 reference backend: host activations, weights read straight from the mapping
+//! and dequantized one row at a time, an f32 KV cache. The oracle for every other backend.
+
+use damascus_kernels::reference as k;
+use damascus_kernels::reference::AttnShape;
+
+use super::{Backend, KvShape, RopeParams};
+use crate::error::ModelError;
+use crate::tensor::FileTensor;
+
+/// The reference backend (stateless).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReferenceBackend;
+
+/// A host activation buffer.
+#[derive(Clone, Debug)]
+pub struct HostAct {
+    /// Rows.
+    pub n_tokens: usize,
+    /// Elements per row.
+    pub width: usize,
+    /// `[n_tokens, width]` f32.
+    pub data: Vec<f32>,
+}
+
+/// The f32 KV cache of every layer.
+#[derive(Debug)]
+pub struct HostKvCache {
+    shape: KvShape,
+    /// Per layer: `[n_ctx, n_head_kv, head_dim]` f32 keys.
+    k: Vec<Vec<f32>>,
+    /// Per layer: `[n_ctx, n_head_kv, head_dim]` f32 values.
+    v: Vec<Vec<f32>>,
+}
+
+fn check_len(op: &str, what: &str, found: usize, expected: usize) -> Result<(), ModelError> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(ModelError::Tensor {
+            what: format!("{op}: {what} has {found} elements, expected {expected}"),
+        })
+    }
+}
+
+impl Backend for ReferenceBackend {
+    type Act = HostAct;
+    type Matrix = FileTensor;
+    type Vector = Vec<f32>;
+    type KvCache = HostKvCache;
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn prepare_matrix(&self, w: &FileTensor) -> Result<FileTensor, ModelError> {
+        // Validate once; later views of the same bytes cannot fail on shape.
+        w.view()?.as_weight()?;
+        Ok(w.clone())
+    }
+
+    fn prepare_vector(&self, w: &FileTensor) -> Result<Vec<f32>, ModelError> {
+        w.view()?.to_f32_vec()
+    }
+
+    fn alloc(&self, n_tokens: usize, width: usize) -> Result<HostAct, ModelError> {
+        Ok(HostAct {
+            n_tokens,
+            width,
+            data: vec![0.0; n_tokens * width],
+        })
+    }
+
+    fn new_kv_cache(&self, shape: KvShape) -> Result<HostKvCache, ModelError> {
+        let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
+        // Zeroed allocations are lazily backed by the OS: only used positions cost memory.
+        Ok(HostKvCache {
+            shape,
+            k: (0..shape.n_layer).map(|_| vec![0.0; per_layer]).collect(),
+            v: (0..shape.n_layer).map(|_| vec![0.0; per_layer]).collect(),
+        })
+    }
+
+    fn embed(&self, table: &FileTensor, ids: &[u32], out: &mut HostAct) -> Result<(), ModelError> {
+        let view = table.view()?;
+        let w = view.as_weight()?;
+        check_len("embed", "out", out.data.len(), ids.len() * w.cols)?;
+        k::embed_rows(&w, ids, &mut out.data)?;
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &HostAct,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        check_len("rms_norm", "x row", x.width, w.len())?;
+        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
+        k::rms_norm(&x.data, w, eps, &mut out.data);
+        Ok(())
+    }
+
+    fn matmul(&self, w: &FileTensor, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
+        let view = w.view()?;
+        let wv = view.as_weight()?;
+        check_len("matmul", "x row", x.width, wv.cols)?;
+        check_len("matmul", "out", out.data.len(), x.n_tokens * wv.rows)?;
+        k::matmul(&wv, &x.data, &mut out.data)?;
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut HostAct,
+        n_head: usize,
+        pos0: usize,
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
+        k::rope(
+            &mut x.data,
+            n_head,
+            rope.head_dim,
+            pos0,
+            &rope.inv_freq,
+            rope.layout,
+        );
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        cache: &mut HostKvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        q: &HostAct,
+        kk: &HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        let n_tokens = q.n_tokens;
+        let kv_width = cache.shape.n_head_kv * cache.shape.head_dim;
+        if pos0 + n_tokens > cache.shape.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: cache.shape.n_ctx,
+                n_past: pos0,
+                n_tokens,
+            });
+        }
+        check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "q row", q.width, shape.n_head * shape.head_dim)?;
+        let (kc, vc) = match (cache.k.get_mut(layer), cache.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => {
+                return Err(ModelError::Tensor {
+                    what: format!("attention: no cache for layer {layer}"),
+                });
+            }
+        };
+        let span = pos0 * kv_width..(pos0 + n_tokens) * kv_width;
+        kc[span.clone()].copy_from_slice(&kk.data);
+        vc[span].copy_from_slice(&v.data);
+        let valid = (pos0 + n_tokens) * kv_width;
+        k::attention(
+            &q.data,
+            &kc[..valid],
+            &vc[..valid],
+            shape,
+            pos0,
+            &mut out.data,
+        );
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
+        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
+        k::swiglu(&mut gate.data, &up.data);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
+        check_len("add", "y", y.data.len(), x.data.len())?;
+        k::add(&mut x.data, &y.data);
+        Ok(())
+    }
+
+    fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
+        check_len("copy_row", "dst", dst.data.len(), src.width)?;
+        if row >= src.n_tokens {
+            return Err(ModelError::Tensor {
+                what: format!("copy_row: row {row} of {}", src.n_tokens),
+            });
+        }
+        dst.data
+            .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
+        Ok(())
+    }
+
+    fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {
+        Ok(x.data.clone())
+    }
+}

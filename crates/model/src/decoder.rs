@@ -1,0 +1,313 @@
+//! The Llama decoder, generic over a [`Backend`]:
+//!
+//! ```text
+//! embed → ×L (RMSNorm → Q/K/V → RoPE → causal GQA attention over the KV cache → output
+//! projection → residual → RMSNorm → SwiGLU FFN → residual) → final RMSNorm → LM head → logits
+//! ```
+//!
+//! A forward pass takes any number of new tokens: a prompt (prefill) runs as matrices and fills
+//! the cache for all its positions in one pass; a single token (decode) appends one position.
+
+use std::sync::Arc;
+
+use damascus_gguf::GgufFile;
+use damascus_gguf::keys::tensors as names;
+use damascus_kernels::reference::AttnShape;
+
+use crate::backend::{Backend, KvShape, RopeParams};
+use crate::error::ModelError;
+use crate::params::DecoderParams;
+use crate::tensor::FileTensor;
+
+/// The prepared weights of one decoder layer.
+pub struct LayerWeights<B: Backend> {
+    /// `[n_embd]` attention RMSNorm scale.
+    pub attn_norm: B::Vector,
+    /// `[n_head * head_dim, n_embd]` query projection.
+    pub wq: B::Matrix,
+    /// `[n_head_kv * head_dim, n_embd]` key projection.
+    pub wk: B::Matrix,
+    /// `[n_head_kv * head_dim, n_embd]` value projection.
+    pub wv: B::Matrix,
+    /// `[n_embd, n_head * head_dim]` attention output projection.
+    pub wo: B::Matrix,
+    /// `[n_embd]` FFN RMSNorm scale.
+    pub ffn_norm: B::Vector,
+    /// `[n_ff, n_embd]` FFN gate projection.
+    pub w_gate: B::Matrix,
+    /// `[n_ff, n_embd]` FFN up projection.
+    pub w_up: B::Matrix,
+    /// `[n_embd, n_ff]` FFN down projection.
+    pub w_down: B::Matrix,
+}
+
+/// All prepared weights of the model.
+pub struct Weights<B: Backend> {
+    /// `[n_vocab, n_embd]` token embeddings (also the LM head when tied).
+    pub token_embd: B::Matrix,
+    /// One entry per layer.
+    pub layers: Vec<LayerWeights<B>>,
+    /// `[n_embd]` final RMSNorm scale.
+    pub output_norm: B::Vector,
+    /// `[n_vocab, n_embd]` LM head; `None` when tied to `token_embd`.
+    pub output: Option<B::Matrix>,
+}
+
+/// One hidden state handed to a [`Decoder::forward`] hook.
+#[derive(Debug)]
+pub struct Hidden<'h> {
+    /// 0 = token embeddings, `i` in `1..=n_layer` = output of layer `i - 1` (residual stream),
+    /// `n_layer + 1` = output of the final RMSNorm.
+    pub slot: usize,
+    /// Rows in `data`.
+    pub n_tokens: usize,
+    /// `[n_tokens, n_embd]` f32.
+    pub data: &'h [f32],
+}
+
+/// A hook observing every hidden state of a forward pass (used by `verify`).
+pub type HiddenHook<'a> = &'a mut dyn FnMut(&Hidden<'_>);
+
+/// A Llama decoder: hyper-parameters, prepared weights and the backend that runs them.
+pub struct Decoder<B: Backend> {
+    backend: B,
+    params: DecoderParams,
+    rope: RopeParams,
+    weights: Weights<B>,
+}
+
+/// Activation buffers for one forward pass of `n_tokens` tokens.
+struct Scratch<B: Backend> {
+    n_tokens: usize,
+    x: B::Act,      // [n_tokens, n_embd] residual stream
+    xn: B::Act,     // [n_tokens, n_embd] normed input of a sub-block
+    q: B::Act,      // [n_tokens, n_head * head_dim]
+    k: B::Act,      // [n_tokens, n_head_kv * head_dim]
+    v: B::Act,      // [n_tokens, n_head_kv * head_dim]
+    attn: B::Act,   // [n_tokens, n_head * head_dim] attention output
+    proj: B::Act,   // [n_tokens, n_embd] output of attn_output / ffn_down
+    gate: B::Act,   // [n_tokens, n_ff]
+    up: B::Act,     // [n_tokens, n_ff]
+    last: B::Act,   // [1, n_embd] final-normed last position
+    logits: B::Act, // [1, n_vocab]
+}
+
+/// Per-sequence state: the KV cache, the number of positions already in it, and reusable
+/// activation buffers.
+pub struct DecoderState<B: Backend> {
+    kv: B::KvCache,
+    n_ctx: usize,
+    n_past: usize,
+    scratch: Option<Scratch<B>>,
+}
+
+impl<B: Backend> DecoderState<B> {
+    /// Positions held in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Capacity of the KV cache in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Forgets every position from `n` on (the cache contents beyond are simply overwritten
+    /// later). `n` larger than [`DecoderState::n_past`] is clamped.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+}
+
+/// The tensor `name`, if the file has it.
+fn find(file: &Arc<GgufFile>, name: &str) -> Option<Result<FileTensor, ModelError>> {
+    file.tensor(name).map(|_| FileTensor::new(file, name))
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Prepares every weight of `file` on `backend`.
+    pub fn load(
+        backend: B,
+        file: &Arc<GgufFile>,
+        params: DecoderParams,
+    ) -> Result<Self, ModelError> {
+        let matrix = |name: &str| backend.prepare_matrix(&FileTensor::new(file, name)?);
+        let vector = |name: &str| backend.prepare_vector(&FileTensor::new(file, name)?);
+        let mut layers = Vec::with_capacity(params.n_layer);
+        for l in 0..params.n_layer {
+            layers.push(LayerWeights {
+                attn_norm: vector(&names::blk(l, names::ATTN_NORM))?,
+                wq: matrix(&names::blk(l, names::ATTN_Q))?,
+                wk: matrix(&names::blk(l, names::ATTN_K))?,
+                wv: matrix(&names::blk(l, names::ATTN_V))?,
+                wo: matrix(&names::blk(l, names::ATTN_OUTPUT))?,
+                ffn_norm: vector(&names::blk(l, names::FFN_NORM))?,
+                w_gate: matrix(&names::blk(l, names::FFN_GATE))?,
+                w_up: matrix(&names::blk(l, names::FFN_UP))?,
+                w_down: matrix(&names::blk(l, names::FFN_DOWN))?,
+            });
+        }
+        let output = match find(file, names::OUTPUT) {
+            Some(t) => Some(backend.prepare_matrix(&t?)?),
+            None => None,
+        };
+        let weights = Weights {
+            token_embd: matrix(names::TOKEN_EMBD)?,
+            layers,
+            output_norm: vector(names::OUTPUT_NORM)?,
+            output,
+        };
+        let freq_factors = match find(file, names::ROPE_FREQS) {
+            Some(t) => Some(t?.view()?.to_f32_vec()?),
+            None => None,
+        };
+        let rope = params.rope_params(freq_factors.as_deref())?;
+        Ok(Self {
+            backend,
+            params,
+            rope,
+            weights,
+        })
+    }
+
+    /// The backend running this decoder.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The hyper-parameters.
+    pub fn params(&self) -> &DecoderParams {
+        &self.params
+    }
+
+    /// A fresh sequence with a KV cache for `n_ctx` positions.
+    pub fn new_state(&self, n_ctx: usize) -> Result<DecoderState<B>, ModelError> {
+        let p = &self.params;
+        let kv = self.backend.new_kv_cache(KvShape {
+            n_layer: p.n_layer,
+            n_ctx,
+            n_head_kv: p.n_head_kv,
+            head_dim: p.head_dim,
+        })?;
+        Ok(DecoderState {
+            kv,
+            n_ctx,
+            n_past: 0,
+            scratch: None,
+        })
+    }
+
+    fn scratch(&self, n_tokens: usize) -> Result<Scratch<B>, ModelError> {
+        let p = &self.params;
+        let b = &self.backend;
+        Ok(Scratch {
+            n_tokens,
+            x: b.alloc(n_tokens, p.n_embd)?,
+            xn: b.alloc(n_tokens, p.n_embd)?,
+            q: b.alloc(n_tokens, p.n_head * p.head_dim)?,
+            k: b.alloc(n_tokens, p.n_head_kv * p.head_dim)?,
+            v: b.alloc(n_tokens, p.n_head_kv * p.head_dim)?,
+            attn: b.alloc(n_tokens, p.n_head * p.head_dim)?,
+            proj: b.alloc(n_tokens, p.n_embd)?,
+            gate: b.alloc(n_tokens, p.n_ff)?,
+            up: b.alloc(n_tokens, p.n_ff)?,
+            last: b.alloc(1, p.n_embd)?,
+            logits: b.alloc(1, p.n_vocab)?,
+        })
+    }
+
+    /// Runs `ids` at positions `n_past..n_past + ids.len()`, appending them to the KV cache,
+    /// and returns the `[n_vocab]` logits of the last one. `hook` sees every hidden state.
+    pub fn forward(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &[u32],
+        mut hook: Option<HiddenHook<'_>>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let n_tokens = ids.len();
+        if n_tokens == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        let pos0 = state.n_past;
+        if pos0 + n_tokens > state.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: state.n_ctx,
+                n_past: pos0,
+                n_tokens,
+            });
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.params.n_vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: self.params.n_vocab,
+            });
+        }
+        let mut s = match state.scratch.take() {
+            Some(s) if s.n_tokens == n_tokens => s,
+            _ => self.scratch(n_tokens)?,
+        };
+        let result = self.run(&mut s, &mut state.kv, pos0, ids, &mut hook);
+        state.scratch = Some(s);
+        let logits = result?;
+        state.n_past += n_tokens;
+        Ok(logits)
+    }
+
+    fn run(
+        &self,
+        s: &mut Scratch<B>,
+        kv: &mut B::KvCache,
+        pos0: usize,
+        ids: &[u32],
+        hook: &mut Option<HiddenHook<'_>>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let b = &self.backend;
+        let p = &self.params;
+        let w = &self.weights;
+        let n_tokens = ids.len();
+        let attn_shape = AttnShape {
+            n_head: p.n_head,
+            n_head_kv: p.n_head_kv,
+            head_dim: p.head_dim,
+        };
+        let mut emit = |slot: usize, act: &B::Act| -> Result<(), ModelError> {
+            if let Some(h) = hook.as_mut() {
+                let data = b.read(act)?;
+                h(&Hidden {
+                    slot,
+                    n_tokens,
+                    data: &data,
+                });
+            }
+            Ok(())
+        };
+
+        b.begin_forward(n_tokens, pos0)?;
+        b.embed(&w.token_embd, ids, &mut s.x)?;
+        emit(0, &s.x)?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            b.rms_norm(&s.x, &lw.attn_norm, p.rms_eps, &mut s.xn)?;
+            b.qkv(&s.xn, &lw.wq, &lw.wk, &lw.wv, &mut s.q, &mut s.k, &mut s.v)?;
+            b.rope(&mut s.q, p.n_head, pos0, &self.rope)?;
+            b.rope(&mut s.k, p.n_head_kv, pos0, &self.rope)?;
+            b.attention(kv, l, attn_shape, pos0, &s.q, &s.k, &s.v, &mut s.attn)?;
+            b.matmul(&lw.wo, &s.attn, &mut s.proj)?;
+            b.add(&mut s.x, &s.proj)?;
+            // Feed-forward block.
+            b.rms_norm(&s.x, &lw.ffn_norm, p.rms_eps, &mut s.xn)?;
+            b.ffn_gate_up(&s.xn, &lw.w_gate, &lw.w_up, &mut s.gate, &mut s.up)?;
+            b.matmul(&lw.w_down, &s.gate, &mut s.proj)?;
+            b.add(&mut s.x, &s.proj)?;
+            emit(l + 1, &s.x)?;
+        }
+        b.rms_norm(&s.x, &w.output_norm, p.rms_eps, &mut s.xn)?;
+        emit(p.n_layer + 1, &s.xn)?;
+        // LM head on the last position only.
+        b.copy_row(&s.xn, n_tokens - 1, &mut s.last)?;
+        let head = w.output.as_ref().unwrap_or(&w.token_embd);
+        b.matmul(head, &s.last, &mut s.logits)?;
+        b.end_forward()?;
+        b.read(&s.logits)
+    }
+}

@@ -1,0 +1,232 @@
+//! The façade other crates use: [`Model`] (a loaded file and its prepared weights) and
+//! [`Session`] (one sequence: a KV cache and a position), independent of the backend type.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use damascus_gguf::GgufFile;
+
+use crate::backend::Backend;
+use crate::backend::reference::ReferenceBackend;
+use crate::config::LlamaConfig;
+use crate::decoder::{Decoder, DecoderState, HiddenHook};
+use crate::error::ModelError;
+use crate::params::DecoderParams;
+
+/// Which backend runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The fastest backend available on this machine.
+    #[default]
+    Auto,
+    /// The scalar f32 reference (no activation quantization): slow, the oracle.
+    Reference,
+}
+
+/// Options for [`Model::load`].
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Context length (KV cache positions) of new sessions; default
+    /// `min(n_ctx_train, 4096)`.
+    pub n_ctx: Option<usize>,
+    /// Backend choice.
+    pub backend: BackendKind,
+}
+
+/// Default context length when the user gives none.
+pub const DEFAULT_N_CTX: usize = 4096;
+
+/// Backend-erased decoder: what a [`Model`] holds.
+trait Engine: Send + Sync {
+    fn backend_name(&self) -> &'static str;
+    fn new_session(&self, n_ctx: usize) -> Result<Box<dyn SessionState>, ModelError>;
+}
+
+/// Backend-erased per-sequence state: what a [`Session`] holds.
+trait SessionState: Send {
+    fn eval(&mut self, ids: &[u32], hook: Option<HiddenHook<'_>>) -> Result<Vec<f32>, ModelError>;
+    fn n_past(&self) -> usize;
+    fn n_ctx(&self) -> usize;
+    fn truncate(&mut self, n: usize);
+}
+
+impl<B: Backend> Engine for Arc<Decoder<B>> {
+    fn backend_name(&self) -> &'static str {
+        self.backend().name()
+    }
+
+    fn new_session(&self, n_ctx: usize) -> Result<Box<dyn SessionState>, ModelError> {
+        let state = self.new_state(n_ctx)?;
+        Ok(Box::new(SessionOf {
+            decoder: Arc::clone(self),
+            state,
+        }))
+    }
+}
+
+struct SessionOf<B: Backend> {
+    decoder: Arc<Decoder<B>>,
+    state: DecoderState<B>,
+}
+
+impl<B: Backend> SessionState for SessionOf<B> {
+    fn eval(&mut self, ids: &[u32], hook: Option<HiddenHook<'_>>) -> Result<Vec<f32>, ModelError> {
+        self.decoder.forward(&mut self.state, ids, hook)
+    }
+
+    fn n_past(&self) -> usize {
+        self.state.n_past()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.state.n_ctx()
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.state.truncate(n);
+    }
+}
+
+/// A loaded model: the mapped file, its config and the weights prepared on a backend.
+/// Cheap to share between threads; create a [`Session`] per sequence.
+pub struct Model {
+    file: Arc<GgufFile>,
+    config: LlamaConfig,
+    params: DecoderParams,
+    n_ctx: usize,
+    engine: Box<dyn Engine>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("file", &self.file)
+            .field("backend", &self.engine.backend_name())
+            .field("n_ctx", &self.n_ctx)
+            .finish()
+    }
+}
+
+impl Model {
+    /// Opens (memory-maps) a GGUF file and loads it.
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Self::from_file(file, opts)
+    }
+
+    /// Loads an already opened GGUF file.
+    pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let config = LlamaConfig::from_gguf(&file)?;
+        config.check_tensors(&file)?;
+        let params = crate::params::from_config(&config)?;
+        params.validate()?;
+        let n_ctx = match opts.n_ctx {
+            Some(0) => {
+                return Err(ModelError::Tensor {
+                    what: "context length must be at least 1".into(),
+                });
+            }
+            Some(n) => n,
+            None => DEFAULT_N_CTX.min(config.n_ctx_train as usize).max(1),
+        };
+        // Only the reference backend exists so far; `Auto` will pick the fast CPU or CUDA one.
+        let engine: Box<dyn Engine> = match opts.backend {
+            BackendKind::Auto | BackendKind::Reference => Box::new(Arc::new(Decoder::load(
+                ReferenceBackend,
+                &file,
+                params.clone(),
+            )?)),
+        };
+        Ok(Model {
+            file,
+            config,
+            params,
+            n_ctx,
+            engine,
+        })
+    }
+
+    /// The model's configuration from its metadata.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// Hyper-parameters as the decoder uses them.
+    pub fn params(&self) -> &DecoderParams {
+        &self.params
+    }
+
+    /// The underlying GGUF file (metadata, tokenizer tables).
+    pub fn gguf(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// Context length of new sessions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Name of the backend running the model.
+    pub fn backend_name(&self) -> &'static str {
+        self.engine.backend_name()
+    }
+
+    /// A new, empty sequence with a KV cache of [`Model::n_ctx`] positions.
+    pub fn session(&self) -> Result<Session, ModelError> {
+        Ok(Session {
+            inner: self.engine.new_session(self.n_ctx)?,
+        })
+    }
+}
+
+/// One sequence being evaluated: a KV cache and the number of positions in it.
+pub struct Session {
+    inner: Box<dyn SessionState>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("n_past", &self.n_past())
+            .field("n_ctx", &self.n_ctx())
+            .finish()
+    }
+}
+
+impl Session {
+    /// Appends `ids` (a whole prompt in one pass, or one token) and returns the `[n_vocab]`
+    /// logits of the last one. Fails with [`ModelError::ContextFull`] past the context length.
+    pub fn eval(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.inner.eval(ids, None)
+    }
+
+    /// Like [`Session::eval`], calling `hook` with every hidden state (embeddings, each
+    /// layer's output, the final norm).
+    pub fn eval_with_hook(
+        &mut self,
+        ids: &[u32],
+        hook: HiddenHook<'_>,
+    ) -> Result<Vec<f32>, ModelError> {
+        self.inner.eval(ids, Some(hook))
+    }
+
+    /// Positions already evaluated.
+    pub fn n_past(&self) -> usize {
+        self.inner.n_past()
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.inner.n_ctx()
+    }
+
+    /// Keeps only the first `n` positions (for reusing a shared prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.inner.truncate(n);
+    }
+
+    /// Forgets every position.
+    pub fn reset(&mut self) {
+        self.inner.truncate(0);
+    }
+}
