@@ -13,6 +13,7 @@
 
 mod error;
 mod file_type;
+mod fuzzing;
 pub mod keys;
 mod metadata;
 mod reader;
@@ -22,6 +23,8 @@ mod writer;
 
 pub use error::GgufError;
 pub use file_type::{FILE_TYPE_GUESSED, FileType};
+#[doc(hidden)]
+pub use fuzzing::fuzz_harness;
 pub use metadata::Metadata;
 pub use reader::{
     DEFAULT_ALIGNMENT, GGUF_MAGIC, GgufFile, MAX_DIMS, MAX_NESTING_DEPTH, TensorInfo,
