@@ -169,15 +169,18 @@ impl Stage for TopP {
             return;
         }
         cands.softmax();
-        // Large unsorted lists: the nucleus is usually tiny, so try the top 256 first.
-        if !cands.sorted && cands.len() > 1024 {
-            cands.partial_sort(256);
-            if let Some(n) = top_p_cut(cands.data[..256].iter().map(|d| d.p), self.p, self.min_keep)
-            {
+        // Large unsorted lists: the nucleus is usually tiny, so look at the top 256 first and
+        // grow geometrically (each step is one O(n) selection) before a full sort.
+        let mut k = 256;
+        while !cands.sorted && k < cands.len() / 2 {
+            cands.partial_sort(k);
+            let top = cands.data[..k].iter().map(|d| d.p);
+            if let Some(n) = top_p_cut(top, self.p, self.min_keep) {
                 cands.data.truncate(n);
                 cands.sorted = true;
                 return;
             }
+            k *= 4;
         }
         cands.sort();
         let n =
