@@ -43,7 +43,7 @@ fn log_sum_exp(logits: &[f32]) -> f32 {
     max + sum.ln() as f32
 }
 
-/// Log-softmax of `logits` ([n_vocab] f32) -> [n_vocab] f32. NaN logits get `-inf`; all `-inf`
+/// Log-softmax of `logits` (`[n_vocab] f32`) -> `[n_vocab] f32`. NaN logits get `-inf`; all `-inf`
 /// logits give all `NaN` (no distribution).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let lse = log_sum_exp(logits);

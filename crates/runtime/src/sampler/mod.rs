@@ -50,7 +50,7 @@ pub struct TokenData {
 /// The working set of candidate tokens a chain narrows down.
 #[derive(Debug, Clone, Default)]
 pub struct Candidates {
-    /// Candidates; when built from logits, `data[i].id == i`. [n_candidates]
+    /// Candidates; when built from logits, `data[i].id == i`. `[n_candidates]`
     pub data: Vec<TokenData>,
     /// True when `data` is sorted by logit, descending (ties: lower id first).
     pub sorted: bool,
@@ -294,7 +294,7 @@ impl SamplerChain {
         names.join(" -> ")
     }
 
-    /// Runs every stage over `logits` ([n_vocab] f32, raw model output) and returns the picked
+    /// Runs every stage over `logits` (`[n_vocab] f32`, raw model output) and returns the picked
     /// token. Does not call [`SamplerChain::accept`]; the caller does once the token is used.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, RuntimeError> {
         if logits.is_empty() {
