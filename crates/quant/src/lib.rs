@@ -14,6 +14,7 @@ mod dequant;
 pub mod fp;
 mod quant_k;
 mod quant_legacy;
+pub mod recipe;
 
 pub use blocks::{
     Block, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,
