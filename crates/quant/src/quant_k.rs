@@ -43,34 +43,43 @@ fn signed_absmax(x: &[f32]) -> (f32, f32) {
 }
 
 /// ggml's `make_qx_quants` with `rmse_type = 1` (weights `x^2`) and no importance weights —
-/// the only variant the reference quantizers use (Q6_K). Writes `L[i] = q + nmax` with
-/// `q` in `-nmax..nmax` and returns the scale.
-fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// the only variant the reference quantizers use (Q6_K, groups of 16). Writes
+/// `L[i] = q + nmax` with `q` in `-nmax..nmax` and returns the scale.
+///
+/// `w = x*x` and `w*x` are hoisted out of the trial loop; they are the same rounded values
+/// ggml recomputes inside it, so the sums are unchanged.
+fn make_qx_quants_rmse1(nmax: i32, x: &[f32; 16], l_out: &mut [i8; 16]) -> f32 {
     let (max, amax) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
-        l_out.fill(0);
+        *l_out = [0; 16];
         return 0.0;
     }
-    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-    // Weighted sums for a trial inverse scale: (sum w*x*l, sum w*l*l), w = x*x.
-    let sums = |iscale: f32| {
+    let mut w = [0f32; 16];
+    let mut wx = [0f32; 16];
+    for i in 0..16 {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
+    // Quants for a trial inverse scale, and the weighted sums (sum w*x*l, sum w*l*l).
+    let trial = |iscale: f32, l: &mut [i32; 16]| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
-            let l = quant(iscale, v) as f32;
-            let w = v * v;
-            sumlx += w * v * l;
-            suml2 += w * l * l;
+        for i in 0..16 {
+            let q = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
+            l[i] = q;
+            let lf = q as f32;
+            sumlx += wx[i] * lf;
+            suml2 += w[i] * lf * lf;
         }
         (sumlx, suml2)
     };
-    let set_l = |iscale: f32, l_out: &mut [i8]| {
-        for (o, &v) in l_out.iter_mut().zip(x) {
-            *o = (quant(iscale, v) + nmax) as i8;
+    let store = |l: &[i32; 16], l_out: &mut [i8; 16]| {
+        for i in 0..16 {
+            l_out[i] = (l[i] + nmax) as i8;
         }
     };
-    let iscale = -(nmax as f32) / max;
-    set_l(iscale, l_out);
-    let (sumlx, suml2) = sums(iscale);
+    let mut l = [0i32; 16];
+    let (sumlx, suml2) = trial(-(nmax as f32) / max, &mut l);
+    store(&l, l_out);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for is in -9i32..=9 {
@@ -78,9 +87,9 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
             continue;
         }
         let iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
-        let (sumlx, suml2) = sums(iscale);
+        let (sumlx, suml2) = trial(iscale, &mut l);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            set_l(iscale, l_out);
+            store(&l, l_out);
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -523,8 +532,11 @@ pub(crate) fn q6_k_row(src: &[f32], dst: &mut [u8]) {
         let mut scales = [0f32; QK_K / 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..QK_K / 16 {
-            let scale =
-                make_qx_quants_rmse1(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+            let xs: &[f32; 16] = x[16 * ib..16 * ib + 16].try_into().expect("16 values");
+            let ls: &mut [i8; 16] = (&mut l[16 * ib..16 * ib + 16])
+                .try_into()
+                .expect("16 values");
+            let scale = make_qx_quants_rmse1(32, xs, ls);
             scales[ib] = scale;
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
