@@ -227,34 +227,15 @@ pub fn split_range(n: usize, align: usize, t: usize, nt: usize) -> Range<usize> 
     (start * align).min(n)..((start + len) * align).min(n)
 }
 
-/// Number of physical cores available to this process (falls back to the
-/// logical count).
+/// Number of physical cores available to this process (at most the logical
+/// CPUs it may run on; falls back to the logical count).
 pub fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
-        return logical;
-    };
-    let mut cores = std::collections::HashSet::new();
-    let mut phys = "";
-    for line in info.lines() {
-        let mut kv = line.splitn(2, ':');
-        let (k, v) = (
-            kv.next().unwrap_or("").trim(),
-            kv.next().unwrap_or("").trim(),
-        );
-        match k {
-            "physical id" => phys = v,
-            "core id" => {
-                cores.insert((phys.to_string(), v.to_string()));
-            }
-            _ => {}
-        }
-    }
-    if cores.is_empty() {
-        logical
-    } else {
-        cores.len().min(logical)
-    }
+    let info = crate::cpu::CpuInfo::gather();
+    let usable = info
+        .usable_threads
+        .or(info.threads)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    info.cores.map_or(usable, |c| c.min(usable)).max(1)
 }
 
 #[cfg(test)]

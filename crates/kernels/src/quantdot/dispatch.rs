@@ -1,93 +1,12 @@
-//! Run-time choice of the dot-product variant: detected once, cached, and
-//! overridable with `DAMASCUS_ISA=scalar|avx2|avx512|vnni`.
+//! Run-time choice of the dot-product variant: detected once ([`Isa::detect`],
+//! which honours `DAMASCUS_ISA=scalar|avx2|avx512|vnni|amx`) and cached. AMX
+//! has no dot-product kernels of its own and uses the VNNI table.
 
 use std::sync::OnceLock;
 
+pub use crate::cpu::Isa;
+
 use super::{Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, QuantDotError, WeightType, scalar};
-
-/// Instruction-set level of a kernel table, lowest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Isa {
-    /// Portable scalar code.
-    Scalar,
-    /// AVX2 + FMA + F16C.
-    Avx2,
-    /// AVX-512F/BW/VL (+ AVX2, FMA, F16C).
-    Avx512,
-    /// AVX-512 plus VNNI.
-    Vnni,
-}
-
-impl Isa {
-    /// Lower-case name as accepted by `DAMASCUS_ISA`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2",
-            Isa::Avx512 => "avx512",
-            Isa::Vnni => "vnni",
-        }
-    }
-
-    /// Parses a `DAMASCUS_ISA` value ("amx" maps to VNNI for dot products).
-    pub fn parse(s: &str) -> Option<Isa> {
-        Some(match s.trim().to_ascii_lowercase().as_str() {
-            "scalar" | "none" => Isa::Scalar,
-            "avx2" => Isa::Avx2,
-            "avx512" | "avx512bw" => Isa::Avx512,
-            "vnni" | "avx512vnni" | "amx" => Isa::Vnni,
-            _ => return None,
-        })
-    }
-
-    /// Whether this CPU can run kernels of this level.
-    pub fn is_available(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                Isa::Avx2.is_available()
-                    && std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Vnni => {
-                Isa::Avx512.is_available() && std::arch::is_x86_feature_detected!("avx512vnni")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
-    }
-
-    /// Best level this CPU supports.
-    pub fn best() -> Isa {
-        [Isa::Vnni, Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .find(|i| i.is_available())
-            .unwrap_or(Isa::Scalar)
-    }
-
-    /// The level to use: `DAMASCUS_ISA` if set (capped at what the CPU has),
-    /// otherwise the best available.
-    pub fn selected() -> Isa {
-        let best = Isa::best();
-        match std::env::var("DAMASCUS_ISA")
-            .ok()
-            .as_deref()
-            .and_then(Isa::parse)
-        {
-            Some(want) => want.min(best),
-            None => best,
-        }
-    }
-}
 
 type DotK = unsafe fn(&[u8], &[BlockQ8K]) -> f32;
 type Dot0 = unsafe fn(&[u8], &[BlockQ8_0]) -> f32;
@@ -170,6 +89,8 @@ pub fn kernels_for(isa: Isa) -> Option<&'static DotKernels> {
         return None;
     }
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => Some(&VNNI),
         Isa::Scalar => Some(&SCALAR),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Some(&AVX2),
@@ -182,10 +103,15 @@ pub fn kernels_for(isa: Isa) -> Option<&'static DotKernels> {
     }
 }
 
-/// The process-wide kernel table ([`Isa::selected`]), chosen on first use.
+/// The process-wide kernel table for [`Isa::detect`], chosen on first use. If
+/// `DAMASCUS_ISA` forces a level this CPU lacks, the best available level is
+/// used instead (front ends report that error by calling `Isa::detect`).
 pub fn kernels() -> &'static DotKernels {
     static CHOSEN: OnceLock<&'static DotKernels> = OnceLock::new();
-    CHOSEN.get_or_init(|| kernels_for(Isa::selected()).unwrap_or(&SCALAR))
+    CHOSEN.get_or_init(|| {
+        let isa = Isa::detect().unwrap_or_else(|_| Isa::best());
+        kernels_for(isa).unwrap_or(&SCALAR)
+    })
 }
 
 impl DotKernels {

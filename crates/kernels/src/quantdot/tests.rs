@@ -364,10 +364,8 @@ fn gemv_matches_rowwise_dot_with_threads() {
 }
 
 #[test]
-fn isa_env_names() {
-    assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
-    assert_eq!(Isa::parse("amx"), Some(Isa::Vnni));
-    assert_eq!(Isa::parse("bogus"), None);
-    assert!(Isa::selected() <= Isa::best());
+fn chosen_isa_is_available() {
+    assert!(kernels().isa() <= Isa::best());
+    assert!(kernels_for(Isa::Scalar).is_some());
     eprintln!("dot kernels: {}", kernels().isa().name());
 }
