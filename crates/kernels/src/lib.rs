@@ -6,3 +6,4 @@ pub mod cuda_probe;
 pub mod reference;
 pub mod pool;
 pub mod quantdot;
+pub mod attn_decode;

@@ -1,7 +1,7 @@
 //! Activation quantization: f32 vectors to Q8_K / Q8_0 / Q8_1 blocks, with the
 //! same layout and rounding as ggml's `quantize_row_q8_*_ref`.
 
-use super::{ActType, QK, QK_K, QuantDotError, f32_to_f16};
+use super::{ActType, KernelError, QK, QK_K, f32_to_f16};
 
 /// Q8_K activation block: 256 values, `x ≈ d · qs`, with sums of each 16.
 #[repr(C)]
@@ -72,7 +72,7 @@ fn nearest_int(x: f32) -> i32 {
 /// Quantizes `x` (`[k]` f32, k a multiple of 256) into `out` (`[k / 256]`)
 /// exactly like ggml's `quantize_row_q8_K_ref` (except that an all-zero block
 /// also gets zero `bsums`).
-pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), QuantDotError> {
+pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK_K)?;
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let mut max = 0f32;
@@ -102,7 +102,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), QuantDotErro
 
 /// Quantizes `x` (`[k]` f32, k a multiple of 32) into `out` (`[k / 32]`)
 /// exactly like ggml's `quantize_row_q8_0_ref` (`roundf`, ties away from 0).
-pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), QuantDotError> {
+pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -118,7 +118,7 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), QuantDotErr
 
 /// Quantizes `x` (`[k]` f32) into Q8_1 blocks (`[k / 32]`) exactly like
 /// ggml's `quantize_row_q8_1_ref`.
-pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), QuantDotError> {
+pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -135,9 +135,9 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), QuantDotErr
     Ok(())
 }
 
-fn check_lens(k: usize, blocks: usize, qk: usize) -> Result<(), QuantDotError> {
+fn check_lens(k: usize, blocks: usize, qk: usize) -> Result<(), KernelError> {
     if k % qk != 0 || k / qk != blocks {
-        return Err(QuantDotError::BadLength {
+        return Err(KernelError::BadLength {
             what: "quantized activation blocks",
             expected: k.div_ceil(qk),
             found: blocks,
@@ -200,7 +200,7 @@ impl ActBuf {
     }
 
     /// Quantizes `x` (`[k]` f32) into this buffer (resized, allocation reused).
-    pub fn quantize(&mut self, x: &[f32]) -> Result<(), QuantDotError> {
+    pub fn quantize(&mut self, x: &[f32]) -> Result<(), KernelError> {
         match self {
             ActBuf::Q8K(v) => {
                 v.resize(x.len() / QK_K, BlockQ8K::ZERO);

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 pub use crate::cpu::Isa;
 
-use super::{Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, QuantDotError, WeightType, scalar};
+use super::{Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, WeightType, scalar};
 
 type DotK = unsafe fn(&[u8], &[BlockQ8K]) -> f32;
 type Dot0 = unsafe fn(&[u8], &[BlockQ8_0]) -> f32;
@@ -122,12 +122,12 @@ impl DotKernels {
 
     /// Dot product of one weight row (`w`: `[k / block_elems * block_bytes]`
     /// u8, ggml layout) with quantized activations of the same length `k`.
-    pub fn dot(&self, wtype: WeightType, w: &[u8], a: Acts<'_>) -> Result<f32, QuantDotError> {
+    pub fn dot(&self, wtype: WeightType, w: &[u8], a: Acts<'_>) -> Result<f32, KernelError> {
         let k = a.n_elems();
         check_pair(wtype, a)?;
         let need = k / wtype.block_elems() * wtype.block_bytes();
         if w.len() != need {
-            return Err(QuantDotError::BadLength {
+            return Err(KernelError::BadLength {
                 what: "weight row",
                 expected: need,
                 found: w.len(),
@@ -160,9 +160,9 @@ impl DotKernels {
 }
 
 /// Checks that `a` is the activation format `wtype` needs.
-pub(super) fn check_pair(wtype: WeightType, a: Acts<'_>) -> Result<(), QuantDotError> {
+pub(super) fn check_pair(wtype: WeightType, a: Acts<'_>) -> Result<(), KernelError> {
     if wtype.act_type() != a.act_type() {
-        return Err(QuantDotError::WrongActType {
+        return Err(KernelError::WrongActType {
             wtype,
             expected: wtype.act_type(),
             found: a.act_type(),

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::dispatch::check_pair;
-use super::{Acts, DotKernels, QuantDotError, WeightType, kernels};
+use super::{Acts, DotKernels, KernelError, WeightType, kernels};
 use crate::pool::{ThreadPool, split_range};
 
 /// Rows per scheduling unit (keeps chunks cache-line friendly in `out` and
@@ -22,10 +22,10 @@ pub fn gemv_rows(
     a: Acts<'_>,
     rows: Range<usize>,
     out: &mut [f32],
-) -> Result<(), QuantDotError> {
+) -> Result<(), KernelError> {
     let rb = check(wtype, w, a, out.len().max(rows.end))?;
     if out.len() != rows.len() {
-        return Err(QuantDotError::BadLength {
+        return Err(KernelError::BadLength {
             what: "gemv output",
             expected: rows.len(),
             found: out.len(),
@@ -39,17 +39,17 @@ pub fn gemv_rows(
 }
 
 /// Validates shapes; returns the row stride in bytes.
-fn check(wtype: WeightType, w: &[u8], a: Acts<'_>, n_rows: usize) -> Result<usize, QuantDotError> {
+fn check(wtype: WeightType, w: &[u8], a: Acts<'_>, n_rows: usize) -> Result<usize, KernelError> {
     check_pair(wtype, a)?;
     let k = a.n_elems();
-    let rb = wtype.row_bytes(k).ok_or(QuantDotError::BadRowLength {
+    let rb = wtype.row_bytes(k).ok_or(KernelError::BadRowLength {
         wtype,
         k,
         block: wtype.block_elems(),
     })?;
     let need = rb.saturating_mul(n_rows);
     if w.len() < need {
-        return Err(QuantDotError::BadLength {
+        return Err(KernelError::BadLength {
             what: "weight matrix",
             expected: need,
             found: w.len(),
@@ -72,12 +72,23 @@ pub fn gemv(
     a: Acts<'_>,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
-) -> Result<(), QuantDotError> {
-    let kern = kernels();
+) -> Result<(), KernelError> {
+    gemv_with(kernels(), wtype, w, a, out, pool)
+}
+
+/// [`gemv`] with an explicit kernel table (benchmarks, per-ISA tests).
+pub fn gemv_with(
+    kern: &DotKernels,
+    wtype: WeightType,
+    w: &[u8],
+    a: Acts<'_>,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
     let n = out.len();
     let rb = check(wtype, w, a, n)?;
     if w.len() != rb * n {
-        return Err(QuantDotError::BadLength {
+        return Err(KernelError::BadLength {
             what: "weight matrix",
             expected: rb * n,
             found: w.len(),

@@ -31,7 +31,7 @@ pub use act::{
     ActBuf, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
 };
 pub use dispatch::{DotKernels, Isa, kernels, kernels_for};
-pub use gemv::{gemv, gemv_rows};
+pub use gemv::{gemv, gemv_rows, gemv_with};
 
 /// Elements per K-quant super-block.
 pub const QK_K: usize = 256;
@@ -162,9 +162,9 @@ impl WeightType {
     }
 }
 
-/// Errors from the quantized dot-product entry points.
+/// Errors from the quantized dot-product, GEMV and decode-attention entry points.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum QuantDotError {
+pub enum KernelError {
     /// `k` is not a multiple of the block size of `wtype`.
     #[error("{wtype:?}: row length {k} is not a multiple of the block size {block}")]
     BadRowLength {
@@ -187,6 +187,9 @@ pub enum QuantDotError {
         /// Unit of the lengths ("bytes", "blocks", "elements").
         unit: &'static str,
     },
+    /// Inconsistent attention geometry.
+    #[error("attention shape: {0}")]
+    BadShape(String),
     /// The activations are in a format that does not pair with the weights.
     #[error("{wtype:?} weights need {expected:?} activations, found {found:?}")]
     WrongActType {

@@ -324,11 +324,11 @@ fn bad_inputs_are_errors() {
     let w = vec![0u8; 143];
     assert!(matches!(
         k.dot(WeightType::Q4_K, &w, a.as_acts()),
-        Err(QuantDotError::BadLength { .. })
+        Err(KernelError::BadLength { .. })
     ));
     assert!(matches!(
         k.dot(WeightType::Q8_0, &w, a.as_acts()),
-        Err(QuantDotError::WrongActType { .. })
+        Err(KernelError::WrongActType { .. })
     ));
     let mut out = vec![0f32; 2];
     assert!(gemv(WeightType::Q4_K, &w, a.as_acts(), &mut out, None).is_err());

@@ -1,0 +1,165 @@
+//! GEMV throughput micro-benchmark (no criterion): GB/s of weight bytes
+//! streamed per ISA and thread count, on matrices shaped like Llama-3.2-3B's
+//! `ffn_down` (n = 3072 rows, k = 8192), cycling over enough copies to defeat
+//! the last-level cache (decode streams weights from DRAM).
+//!
+//! `cargo bench -p damascus-kernels --bench gemv -- [-t 1,2] [--types q4_k,q6_k]
+//!  [--reps 20] [--mats 8] [--n 3072] [--k 8192]`
+
+use std::time::Instant;
+
+use damascus_kernels::pool::ThreadPool;
+use damascus_kernels::quantdot::{ActBuf, Isa, WeightType, gemv_with, kernels_for};
+
+struct Opts {
+    threads: Vec<usize>,
+    types: Vec<WeightType>,
+    reps: usize,
+    mats: usize,
+    n: usize,
+    k: usize,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        threads: vec![1, 2],
+        types: vec![
+            WeightType::Q4_K,
+            WeightType::Q6_K,
+            WeightType::Q8_0,
+            WeightType::Q4_0,
+        ],
+        reps: 20,
+        mats: 8,
+        n: 3072,
+        k: 8192,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "-t" => o.threads = v.split(',').filter_map(|s| s.parse().ok()).collect(),
+            "--types" => {
+                o.types = v
+                    .split(',')
+                    .filter_map(|s| {
+                        WeightType::ALL
+                            .into_iter()
+                            .find(|t| t.name().eq_ignore_ascii_case(s))
+                    })
+                    .collect()
+            }
+            "--reps" => o.reps = v.parse().unwrap_or(o.reps),
+            "--mats" => o.mats = v.parse().unwrap_or(o.mats),
+            "--n" => o.n = v.parse().unwrap_or(o.n),
+            "--k" => o.k = v.parse().unwrap_or(o.k),
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    o
+}
+
+fn main() {
+    let o = parse();
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    println!("| type | isa | threads | n x k | MB/matrix | median us | GB/s | best GB/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &t in &o.types {
+        let rb = t
+            .row_bytes(o.k)
+            .expect("k must be a multiple of the block size");
+        let mat = o.n * rb;
+        // Random blocks with small finite f16 scales (0x2000 ≈ 0.0078).
+        let mut w: Vec<u8> = (0..mat * o.mats).map(|_| rnd() as u8).collect();
+        let scale_offs: &[usize] = match t {
+            WeightType::Q6_K => &[208],
+            WeightType::Q4_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
+            _ => &[0],
+        };
+        for b in w.chunks_exact_mut(t.block_bytes()) {
+            for &off in scale_offs {
+                b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+        let x: Vec<f32> = (0..o.k)
+            .map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let mut acts = ActBuf::new(t.act_type());
+        let q0 = Instant::now();
+        acts.quantize(&x).expect("quantize");
+        let q_us = q0.elapsed().as_secs_f64() * 1e6;
+        let mut out = vec![0f32; o.n];
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni] {
+            let Some(kern) = kernels_for(isa) else {
+                eprintln!("skip {}: not available on this CPU", isa.name());
+                continue;
+            };
+            for &nt in &o.threads {
+                let pool = ThreadPool::new(nt);
+                let reps = if isa == Isa::Scalar {
+                    2.max(o.reps / 10)
+                } else {
+                    o.reps
+                };
+                // Warm-up: one pass over all matrices.
+                for m in 0..o.mats {
+                    gemv_with(
+                        kern,
+                        t,
+                        &w[m * mat..(m + 1) * mat],
+                        acts.as_acts(),
+                        &mut out,
+                        Some(&pool),
+                    )
+                    .expect("gemv");
+                }
+                let mut times = Vec::with_capacity(reps);
+                for r in 0..reps {
+                    let m = r % o.mats;
+                    let s = Instant::now();
+                    gemv_with(
+                        kern,
+                        t,
+                        &w[m * mat..(m + 1) * mat],
+                        acts.as_acts(),
+                        &mut out,
+                        Some(&pool),
+                    )
+                    .expect("gemv");
+                    times.push(s.elapsed().as_secs_f64());
+                }
+                times.sort_by(|a, b| a.total_cmp(b));
+                let med = times[times.len() / 2];
+                println!(
+                    "| {} | {} | {} | {}x{} | {:.1} | {:.0} | {:.1} | {:.1} |",
+                    t.name(),
+                    isa.name(),
+                    nt,
+                    o.n,
+                    o.k,
+                    mat as f64 / 1e6,
+                    med * 1e6,
+                    mat as f64 / med / 1e9,
+                    mat as f64 / times[0] / 1e9
+                );
+            }
+        }
+        println!(
+            "<!-- {}: quantizing the {}-element activation took {:.1} us -->",
+            t.name(),
+            o.k,
+            q_us
+        );
+    }
+}

@@ -1,0 +1,489 @@
+//! Decode attention (one new query token) over an f16 KV cache, vectorized
+//! with F16C (`vcvtph2ps`) + FMA, with a scalar twin.
+//!
+//! Query heads sharing a KV head (GQA) are processed together so each cached
+//! key/value row is read once per group; KV heads are split across pool
+//! threads.
+
+use std::ops::Range;
+
+use crate::pool::{ThreadPool, split_range};
+use crate::quantdot::{Isa, KernelError, f16_to_f32, kernels};
+
+/// Head geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (`n_head` is a multiple of it).
+    pub n_head_kv: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+impl DecodeShape {
+    fn check(
+        &self,
+        q: &[f32],
+        k: &[u16],
+        v: &[u16],
+        n_kv: usize,
+        out: &[f32],
+    ) -> Result<(), KernelError> {
+        let DecodeShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+        } = *self;
+        let bad = |m: String| Err(KernelError::BadShape(m));
+        if n_head_kv == 0 || head_dim == 0 || n_head % n_head_kv != 0 {
+            return bad(format!(
+                "n_head {n_head} is not a positive multiple of n_head_kv {n_head_kv} (head_dim {head_dim})"
+            ));
+        }
+        if q.len() != n_head * head_dim || out.len() != q.len() {
+            return bad(format!(
+                "q/out hold {}/{} floats, expected {}",
+                q.len(),
+                out.len(),
+                n_head * head_dim
+            ));
+        }
+        let need = n_kv.saturating_mul(n_head_kv * head_dim);
+        if n_kv == 0 || k.len() < need || v.len() < need {
+            return bad(format!(
+                "k/v caches hold {}/{} halves, need {need} for n_kv {n_kv}",
+                k.len(),
+                v.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Attention output of one decode step.
+///
+/// * `q`: `[n_head, head_dim]` f32 (already rotated)
+/// * `k`, `v`: `[n_ctx, n_head_kv, head_dim]` f16 bits; rows `0..n_kv` valid
+/// * `out`: `[n_head, head_dim]` f32
+///
+/// Query head `h` uses KV head `h / (n_head / n_head_kv)` and attends to
+/// positions `0..n_kv` with scale `1 / sqrt(head_dim)`.
+pub fn attn_decode_f16(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    n_kv: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    attn_decode_f16_with(
+        kernels().isa() >= Isa::Avx2,
+        q,
+        k,
+        v,
+        shape,
+        n_kv,
+        out,
+        pool,
+    )
+}
+
+/// The scalar twin of [`attn_decode_f16`] (single-threaded).
+pub fn attn_decode_f16_scalar(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    n_kv: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    attn_decode_f16_with(false, q, k, v, shape, n_kv, out, None)
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: threads write disjoint head ranges through it.
+unsafe impl Sync for OutPtr {}
+
+#[allow(clippy::too_many_arguments)]
+fn attn_decode_f16_with(
+    simd: bool,
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    n_kv: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    shape.check(q, k, v, n_kv, out)?;
+    #[cfg(target_arch = "x86_64")]
+    let simd = simd && Isa::Avx2.is_available();
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let Some(pool) = pool.filter(|p| p.n_threads() > 1 && shape.n_head_kv > 1) else {
+        let mut scores = Vec::new();
+        for kvh in 0..shape.n_head_kv {
+            let o = &mut out[kvh * group * hd..(kvh + 1) * group * hd];
+            kv_head(simd, q, k, v, shape, n_kv, kvh, o, &mut scores);
+        }
+        return Ok(());
+    };
+    let dst = OutPtr(out.as_mut_ptr());
+    pool.run(&|t, nt| {
+        let dst = &dst;
+        let heads: Range<usize> = split_range(shape.n_head_kv, 1, t, nt);
+        let mut scores = Vec::new();
+        for kvh in heads {
+            // SAFETY: each KV head owns out[kvh*group*hd .. (kvh+1)*group*hd],
+            // in bounds (checked: out.len() = n_head*hd), and split_range gives
+            // threads disjoint KV heads; `out` outlives `pool.run`.
+            let o =
+                unsafe { std::slice::from_raw_parts_mut(dst.0.add(kvh * group * hd), group * hd) };
+            kv_head(simd, q, k, v, shape, n_kv, kvh, o, &mut scores);
+        }
+    });
+    Ok(())
+}
+
+/// All query heads of KV head `kvh`; `out`: `[group, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+fn kv_head(
+    simd: bool,
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    n_kv: usize,
+    kvh: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let stride = shape.n_head_kv * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let qg = &q[kvh * group * hd..(kvh + 1) * group * hd]; // [group, hd]
+    scores.clear();
+    scores.resize(group * n_kv, 0.0); // [group, n_kv]
+    for p in 0..n_kv {
+        let kr = &k[p * stride + kvh * hd..][..hd];
+        for g in 0..group {
+            let qh = &qg[g * hd..(g + 1) * hd];
+            scores[g * n_kv + p] = dot_f16(simd, qh, kr) * scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n_kv) {
+        softmax(simd, s);
+    }
+    out.fill(0.0);
+    for p in 0..n_kv {
+        let vr = &v[p * stride + kvh * hd..][..hd];
+        for g in 0..group {
+            axpy_f16(
+                simd,
+                &mut out[g * hd..(g + 1) * hd],
+                scores[g * n_kv + p],
+                vr,
+            );
+        }
+    }
+}
+
+#[inline]
+fn dot_f16(simd: bool, q: &[f32], k: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
+        return unsafe { x86::dot_f16(q, k) };
+    }
+    let _ = simd;
+    q.iter().zip(k).map(|(&a, &b)| a * f16_to_f32(b)).sum()
+}
+
+#[inline]
+fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
+        return unsafe { x86::axpy_f16(out, s, v) };
+    }
+    let _ = simd;
+    for (o, &b) in out.iter_mut().zip(v) {
+        *o += s * f16_to_f32(b);
+    }
+}
+
+fn softmax(simd: bool, s: &mut [f32]) {
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
+        let sum = unsafe { x86::exp_sub_sum(s, max) };
+        let inv = 1.0 / sum;
+        s.iter_mut().for_each(|x| *x *= inv);
+        return;
+    }
+    let _ = simd;
+    let mut sum = 0f32;
+    for x in s.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|x| *x *= inv);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::*;
+
+    use crate::quantdot::f16_to_f32;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register-only AVX ops in an AVX-enabled caller.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+
+    /// Σ q·f16(k) over min(len) elements.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16(q: &[f32], k: &[u16]) -> f32 {
+        let n = q.len().min(k.len());
+        let n8 = n / 8 * 8;
+        // SAFETY: every 8-wide load reads indices i..i+8 ≤ n8 ≤ len of both.
+        unsafe {
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 16 <= n8 {
+                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i));
+                let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i + 8) as *const __m128i));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), k1, a1);
+                i += 16;
+            }
+            if i < n8 {
+                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, a0);
+            }
+            let mut s = hsum(_mm256_add_ps(a0, a1));
+            for j in n8..n {
+                s += q[j] * f16_to_f32(k[j]);
+            }
+            s
+        }
+    }
+
+    /// out += s · f16(v) over min(len) elements.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16(out: &mut [f32], s: f32, v: &[u16]) {
+        let n = out.len().min(v.len());
+        let n8 = n / 8 * 8;
+        // SAFETY: 8-wide accesses at i..i+8 ≤ n8 ≤ len of both slices.
+        unsafe {
+            let sv = _mm256_set1_ps(s);
+            let mut i = 0;
+            while i < n8 {
+                let vv = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+                let o = out.as_mut_ptr().add(i);
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(sv, vv, _mm256_loadu_ps(o)));
+                i += 8;
+            }
+        }
+        for j in n8..n {
+            out[j] += s * f16_to_f32(v[j]);
+        }
+    }
+
+    /// exp(x) for 8 lanes: range reduction x = n·ln2 + r, degree-6 polynomial
+    /// on r (rel. error ~2e-7), exponent via integer add; clamps below −87.
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        // SAFETY: register-only AVX2/FMA ops in an AVX2+FMA caller.
+        unsafe {
+            let x = _mm256_max_ps(
+                _mm256_min_ps(x, _mm256_set1_ps(88.0)),
+                _mm256_set1_ps(-87.3),
+            );
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+            let mut p = _mm256_set1_ps(1.987_569_1e-4);
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_2e-3));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+            p = _mm256_fmadd_ps(
+                p,
+                _mm256_mul_ps(r, r),
+                _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+            );
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+        }
+    }
+
+    /// x ← exp(x − max) in place; returns Σ.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn exp_sub_sum(s: &mut [f32], max: f32) -> f32 {
+        let n8 = s.len() / 8 * 8;
+        // SAFETY: 8-wide accesses at i..i+8 ≤ n8 ≤ s.len().
+        let mut sum = unsafe {
+            let m = _mm256_set1_ps(max);
+            let mut acc = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < n8 {
+                let p = s.as_mut_ptr().add(i);
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), m));
+                _mm256_storeu_ps(p, e);
+                acc = _mm256_add_ps(acc, e);
+                i += 8;
+            }
+            hsum(acc)
+        };
+        for x in &mut s[n8..] {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantdot::f32_to_f16;
+
+    fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
+            })
+            .collect()
+    }
+
+    /// Straight f64 attention from the definition.
+    fn naive(q: &[f32], k: &[u16], v: &[u16], sh: DecodeShape, n_kv: usize) -> Vec<f64> {
+        let (hd, group) = (sh.head_dim, sh.n_head / sh.n_head_kv);
+        let stride = sh.n_head_kv * hd;
+        let mut out = vec![0f64; sh.n_head * hd];
+        for h in 0..sh.n_head {
+            let kvh = h / group;
+            let sc: Vec<f64> = (0..n_kv)
+                .map(|p| {
+                    (0..hd)
+                        .map(|i| {
+                            q[h * hd + i] as f64 * f16_to_f32(k[p * stride + kvh * hd + i]) as f64
+                        })
+                        .sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for p in 0..n_kv {
+                for i in 0..hd {
+                    out[h * hd + i] += e[p] / z * f16_to_f32(v[p * stride + kvh * hd + i]) as f64;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn simd_and_scalar_match_definition() {
+        let pool = ThreadPool::new(2);
+        for (n_head, n_head_kv, hd, n_ctx, n_kv, amp) in [
+            (4, 4, 8, 5, 1, 1.0),
+            (9, 3, 64, 40, 37, 1.0),
+            (24, 8, 128, 300, 257, 3.0),
+            (6, 2, 20, 17, 17, 0.5), // head_dim not a multiple of 8
+            (8, 1, 64, 64, 63, 8.0), // MQA, peaky softmax
+        ] {
+            let sh = DecodeShape {
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+            };
+            let q = data(1 + n_kv as u64, n_head * hd, amp);
+            let k: Vec<u16> = data(2, n_ctx * n_head_kv * hd, amp)
+                .into_iter()
+                .map(f32_to_f16)
+                .collect();
+            let v: Vec<u16> = data(3, n_ctx * n_head_kv * hd, 1.0)
+                .into_iter()
+                .map(f32_to_f16)
+                .collect();
+            let want = naive(&q, &k, &v, sh, n_kv);
+            let mut s = vec![0f32; n_head * hd];
+            attn_decode_f16_scalar(&q, &k, &v, sh, n_kv, &mut s).expect("scalar");
+            let mut f = vec![0f32; n_head * hd];
+            attn_decode_f16(&q, &k, &v, sh, n_kv, &mut f, Some(&pool)).expect("fast");
+            for i in 0..want.len() {
+                assert!(
+                    (s[i] as f64 - want[i]).abs() < 1e-4,
+                    "scalar {i}: {} vs {}",
+                    s[i],
+                    want[i]
+                );
+                assert!(
+                    (f[i] as f64 - want[i]).abs() < 1e-4,
+                    "fast {i}: {} vs {}",
+                    f[i],
+                    want[i]
+                );
+                assert!(
+                    (f[i] - s[i]).abs() < 2e-5 * (1.0 + s[i].abs()),
+                    "twin {i}: {} vs {}",
+                    f[i],
+                    s[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let sh = DecodeShape {
+            n_head: 3,
+            n_head_kv: 2,
+            head_dim: 4,
+        };
+        let mut o = vec![0f32; 12];
+        assert!(attn_decode_f16(&[0.0; 12], &[0; 8], &[0; 8], sh, 1, &mut o, None).is_err());
+        let sh = DecodeShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 4,
+        };
+        let mut o = vec![0f32; 8];
+        assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 2, &mut o, None).is_err());
+        assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 0, &mut o, None).is_err());
+        assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 1, &mut o, None).is_ok());
+    }
+}
