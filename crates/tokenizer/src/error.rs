@@ -16,6 +16,9 @@ pub enum TokenizerError {
         /// What was expected versus found.
         reason: String,
     },
+    /// The GGUF reader failed (wrong metadata type, I/O).
+    #[error("reading tokenizer metadata: {0}")]
+    Gguf(#[from] damascus_gguf::GgufError),
     /// `tokenizer.ggml.model` names a tokenizer family we do not implement.
     #[error("unsupported tokenizer model `{0}` (supported: gpt2, llama)")]
     UnsupportedModel(String),

@@ -14,6 +14,7 @@ mod bpe;
 mod decode;
 mod error;
 mod fxhash;
+mod gguf;
 mod pretok;
 mod spec;
 mod special;
