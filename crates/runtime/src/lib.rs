@@ -3,9 +3,16 @@
 //! - [`sampler`]: a llama.cpp-style chain of small sampling stages (penalties, top-k, typical-p,
 //!   top-p, min-p, temperature, then a final greedy / random pick), plus log-probability helpers.
 //! - [`stop`]: user stop strings matched across token boundaries on streamed text.
+//! - [`sequence`]: a model session plus the ids in its KV cache (prefix reuse, context shift).
+//! - [`generate`]: the I/O-free generation loop ([`generate::Generator`]) with events, stop
+//!   reasons, timings and cancellation.
+//! - [`chat`]: multi-turn chat through the model's template, reusing the KV cache per turn.
 #![forbid(unsafe_code)]
 
+pub mod chat;
+pub mod generate;
 pub mod sampler;
+pub mod sequence;
 pub mod stop;
 
 /// Errors of the runtime crate.
@@ -43,6 +50,45 @@ pub enum RuntimeError {
     /// The logits handed to the sampler were empty.
     #[error("cannot sample from empty logits (n_vocab = 0)")]
     EmptyLogits,
+    /// A prompt with no tokens.
+    #[error("the prompt is empty (no tokens to evaluate)")]
+    EmptyPrompt,
+    /// The prompt alone does not fit in the context.
+    #[error(
+        "the prompt has {n_prompt} tokens but the context holds only {n_ctx}; \
+         use a larger -c/--ctx-size or a shorter prompt"
+    )]
+    PromptTooLong {
+        /// Prompt length in tokens.
+        n_prompt: usize,
+        /// Context length.
+        n_ctx: usize,
+    },
+    /// The KV cache has no room for the tokens to evaluate.
+    #[error(
+        "context full: {n_past} of {n_ctx} positions used, {n_tokens} more needed \
+         (use a larger -c/--ctx-size, /reset, or --context-shift)"
+    )]
+    ContextFull {
+        /// Capacity of the KV cache.
+        n_ctx: usize,
+        /// Positions already used.
+        n_past: usize,
+        /// Tokens that did not fit.
+        n_tokens: usize,
+    },
+    /// `step` was driven past [`generate::Event::Done`].
+    #[error("the generator already finished")]
+    GeneratorFinished,
+    /// A chat message list the template cannot render (e.g. no user turn to answer).
+    #[error("chat: {0}")]
+    Chat(String),
+    /// An error of the model (forward pass, KV cache).
+    #[error(transparent)]
+    Model(#[from] damascus_model::ModelError),
+    /// An error of the tokenizer (bad id, template rendering).
+    #[error(transparent)]
+    Tokenizer(#[from] damascus_tokenizer::TokenizerError),
     /// Every candidate was filtered out before a token could be picked (a custom chain bug).
     #[error("no candidate token left after the sampler stages: {chain}")]
     NoCandidates {
