@@ -95,4 +95,12 @@ pub enum ModelError {
         /// Why.
         why: String,
     },
+    /// A forward-pass fixture (from `tools/hf_fixtures.py`) could not be read.
+    #[error("fixture {}: {what}", path.display())]
+    Fixture {
+        /// The fixture file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        what: String,
+    },
 }

@@ -5,16 +5,18 @@
 //! * [`backend`]: the [`Backend`](backend::Backend) trait and the scalar reference backend.
 //! * [`decoder`]: the Llama forward pass, generic over the backend.
 //! * [`params`]: hyper-parameters as the decoder uses them.
+//! * [`verify`]: comparison against Hugging Face forward-pass fixtures.
 //! * [`session`]: the [`Model`] / [`Session`] façade the runtime and CLI use.
 #![forbid(unsafe_code)]
 
-pub mod config;
 pub mod backend;
+pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod params;
 pub mod session;
 pub mod tensor;
+pub mod verify;
 
 pub use error::ModelError;
 pub use session::{BackendKind, LoadOptions, Model, Session};

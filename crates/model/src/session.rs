@@ -122,8 +122,9 @@ impl Model {
         params.validate()?;
         let n_ctx = match opts.n_ctx {
             Some(0) => {
-                return Err(ModelError::Tensor {
-                    what: "context length must be at least 1".into(),
+                return Err(ModelError::BadConfig {
+                    key: "n_ctx".into(),
+                    message: "the context length must be at least 1".into(),
                 });
             }
             Some(n) => n,
@@ -173,8 +174,19 @@ impl Model {
 
     /// A new, empty sequence with a KV cache of [`Model::n_ctx`] positions.
     pub fn session(&self) -> Result<Session, ModelError> {
+        self.session_with_n_ctx(self.n_ctx)
+    }
+
+    /// A new, empty sequence with a KV cache of `n_ctx` positions.
+    pub fn session_with_n_ctx(&self, n_ctx: usize) -> Result<Session, ModelError> {
+        if n_ctx == 0 {
+            return Err(ModelError::BadConfig {
+                key: "n_ctx".into(),
+                message: "the context length must be at least 1".into(),
+            });
+        }
         Ok(Session {
-            inner: self.engine.new_session(self.n_ctx)?,
+            inner: self.engine.new_session(n_ctx)?,
         })
     }
 }
