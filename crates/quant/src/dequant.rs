@@ -83,11 +83,12 @@ pub(crate) fn q4_1_row(src: &[u8], dst: &mut [f32]) {
     });
 }
 
-/// The 5-bit quant `j` of a Q5_0/Q5_1 block (0..32).
+/// The 5-bit quants `j` and `j + 16` of a Q5_0/Q5_1 block (j in 0..16).
 #[inline]
-fn q5(qh: u32, qs: &[u8; 16], j: usize) -> u8 {
-    let lo = if j < 16 { qs[j] & 0xf } else { qs[j - 16] >> 4 };
-    lo | ((((qh >> j) & 1) as u8) << 4)
+fn q5_pair(qh: u32, q: u8, j: usize) -> (u8, u8) {
+    let lo = (q & 0xf) | ((((qh >> j) & 1) as u8) << 4);
+    let hi = (q >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    (lo, hi)
 }
 
 /// Q5_0 rows.
@@ -95,8 +96,10 @@ pub(crate) fn q5_0_row(src: &[u8], dst: &mut [f32]) {
     for_blocks::<BlockQ5_0>(src, dst, |b, y| {
         let d = fp16_to_f32(b.d);
         let qh = u32::from_le_bytes(b.qh);
-        for (j, o) in y.iter_mut().enumerate() {
-            *o = d * (i32::from(q5(qh, &b.qs, j)) - 16) as f32;
+        for (j, &q) in b.qs.iter().enumerate() {
+            let (lo, hi) = q5_pair(qh, q, j);
+            y[j] = d * (i32::from(lo) - 16) as f32;
+            y[j + QK / 2] = d * (i32::from(hi) - 16) as f32;
         }
     });
 }
@@ -107,8 +110,10 @@ pub(crate) fn q5_1_row(src: &[u8], dst: &mut [f32]) {
         let d = fp16_to_f32(b.d);
         let m = fp16_to_f32(b.m);
         let qh = u32::from_le_bytes(b.qh);
-        for (j, o) in y.iter_mut().enumerate() {
-            *o = d * f32::from(q5(qh, &b.qs, j)) + m;
+        for (j, &q) in b.qs.iter().enumerate() {
+            let (lo, hi) = q5_pair(qh, q, j);
+            y[j] = d * f32::from(lo) + m;
+            y[j + QK / 2] = d * f32::from(hi) + m;
         }
     });
 }
@@ -188,65 +193,73 @@ pub(crate) fn q3_k_row(src: &[u8], dst: &mut [f32]) {
     });
 }
 
-/// Shared Q4_K/Q5_K body: `q(i)` yields the unsigned quant of weight `i`.
-#[inline]
-fn k_scale_min_row(d: f32, dmin: f32, scales: &[u8; 12], y: &mut [f32], q: impl Fn(usize) -> u8) {
-    for (g, out) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = get_scale_min_k4(g, scales);
-        let dl = d * f32::from(sc);
-        let ml = dmin * f32::from(m);
-        for (l, o) in out.iter_mut().enumerate() {
-            *o = dl * f32::from(q(32 * g + l)) - ml;
-        }
-    }
-}
-
-/// Q4_K rows.
+/// Q4_K rows. 32-byte chunk `c` of `qs` holds group `2c` in its low nibbles and group
+/// `2c + 1` in its high nibbles.
 pub(crate) fn q4_k_row(src: &[u8], dst: &mut [f32]) {
     for_blocks::<BlockQ4_K>(src, dst, |b, y| {
-        k_scale_min_row(fp16_to_f32(b.d), fp16_to_f32(b.dmin), &b.scales, y, |i| {
-            let byte = b.qs[32 * (i / 64) + i % 32];
-            if (i / 32) % 2 == 0 {
-                byte & 0xf
-            } else {
-                byte >> 4
+        let (d, dmin) = (fp16_to_f32(b.d), fp16_to_f32(b.dmin));
+        for (c, (out, qs)) in y
+            .chunks_exact_mut(64)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
+            let (sc1, m1) = get_scale_min_k4(2 * c, &b.scales);
+            let (sc2, m2) = get_scale_min_k4(2 * c + 1, &b.scales);
+            let (d1, m1) = (d * f32::from(sc1), dmin * f32::from(m1));
+            let (d2, m2) = (d * f32::from(sc2), dmin * f32::from(m2));
+            let (lo, hi) = out.split_at_mut(32);
+            for ((o, &q), o2) in lo.iter_mut().zip(qs).zip(hi.iter_mut()) {
+                *o = d1 * f32::from(q & 0xf) - m1;
+                *o2 = d2 * f32::from(q >> 4) - m2;
             }
-        });
+        }
     });
 }
 
-/// Q5_K rows.
+/// Q5_K rows: Q4_K nibbles plus bit `g` of `qh[l]` as the fifth bit of weight `32g + l`.
 pub(crate) fn q5_k_row(src: &[u8], dst: &mut [f32]) {
     for_blocks::<BlockQ5_K>(src, dst, |b, y| {
-        k_scale_min_row(fp16_to_f32(b.d), fp16_to_f32(b.dmin), &b.scales, y, |i| {
-            let byte = b.qs[32 * (i / 64) + i % 32];
-            let lo = if (i / 32) % 2 == 0 {
-                byte & 0xf
-            } else {
-                byte >> 4
-            };
-            let hi = (b.qh[i % 32] >> (i / 32)) & 1;
-            lo | (hi << 4)
-        });
+        let (d, dmin) = (fp16_to_f32(b.d), fp16_to_f32(b.dmin));
+        for (c, (out, qs)) in y
+            .chunks_exact_mut(64)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
+            let (sc1, m1) = get_scale_min_k4(2 * c, &b.scales);
+            let (sc2, m2) = get_scale_min_k4(2 * c + 1, &b.scales);
+            let (d1, m1) = (d * f32::from(sc1), dmin * f32::from(m1));
+            let (d2, m2) = (d * f32::from(sc2), dmin * f32::from(m2));
+            let (s1, s2) = (2 * c, 2 * c + 1);
+            let (lo, hi) = out.split_at_mut(32);
+            for l in 0..32 {
+                let (q, h) = (qs[l], b.qh[l]);
+                lo[l] = d1 * f32::from((q & 0xf) | (((h >> s1) & 1) << 4)) - m1;
+                hi[l] = d2 * f32::from((q >> 4) | (((h >> s2) & 1) << 4)) - m2;
+            }
+        }
     });
 }
 
-/// Q6_K rows. In each 128-weight half `h`, weight `32*k + l` (k in 0..4) takes its low
+/// Q6_K rows. In each 128-weight half `h`, weight `32k + l` (k in 0..4) takes its low
 /// nibble from `ql[64h + l + 32*(k%2)]` (low nibble for k < 2, high for k >= 2) and its two
-/// high bits from `qh[32h + l] >> 2k`.
+/// high bits from `qh[32h + l] >> 2k`; its scale is group `8h + 2k + l/16`.
 pub(crate) fn q6_k_row(src: &[u8], dst: &mut [f32]) {
     for_blocks::<BlockQ6_K>(src, dst, |b, y| {
         let d = fp16_to_f32(b.d);
-        for (g, out) in y.chunks_exact_mut(16).enumerate() {
-            let dl = d * f32::from(b.scales[g]);
-            for (l16, o) in out.iter_mut().enumerate() {
-                let i = 16 * g + l16;
-                let (h, k, l) = (i / 128, (i % 128) / 32, i % 32);
-                let qlb = b.ql[64 * h + l + 32 * (k % 2)];
-                let lo = if k < 2 { qlb & 0xf } else { qlb >> 4 };
-                let hi = (b.qh[32 * h + l] >> (2 * k)) & 3;
-                let q = i32::from(lo | (hi << 4)) - 32;
-                *o = dl * q as f32;
+        for (h, out) in y.chunks_exact_mut(128).enumerate() {
+            let ql = &b.ql[64 * h..64 * h + 64];
+            let qh = &b.qh[32 * h..32 * h + 32];
+            for (k, out) in out.chunks_exact_mut(32).enumerate() {
+                let ql = &ql[32 * (k % 2)..32 * (k % 2) + 32];
+                let shift = if k < 2 { 0 } else { 4 };
+                for (half, out) in out.chunks_exact_mut(16).enumerate() {
+                    let dl = d * f32::from(b.scales[8 * h + 2 * k + half]);
+                    for (i, o) in out.iter_mut().enumerate() {
+                        let l = 16 * half + i;
+                        let q = ((ql[l] >> shift) & 0xf) | (((qh[l] >> (2 * k)) & 3) << 4);
+                        *o = dl * (i32::from(q) - 32) as f32;
+                    }
+                }
             }
         }
     });

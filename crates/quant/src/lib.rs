@@ -7,7 +7,31 @@
 //!   (no importance matrix), including ggml's f32 -> f16 rounding.
 //! * [`fp`]: the scalar conversions (f16/bf16, `nearest_int`) with ggml's exact semantics.
 //!
+//! * [`recipe`]: llama.cpp's per-tensor type selection for file types (owned separately).
+//!
 //! Invariant: no function here panics on bad input lengths; they return [`QuantError`].
+//!
+//! # Oracles and where they disagree
+//!
+//! * Dequantization follows gguf-py 0.19. ggml's `dequantize_row_*` agree with it bit for bit
+//!   on every block type here (checked on 4000 random blocks per type with special scales),
+//!   so "bit-exact with gguf-py" also means "bit-exact with ggml" — except for F16 rows:
+//!   numpy widens a signalling NaN keeping it signalling (`0x7C01` -> `0x7F802000`), while
+//!   ggml's software `GGML_FP16_TO_FP32` quiets it (`0x7FC02000`). We follow gguf-py.
+//!   gguf-py has no Q8_1 / Q8_K dequantizer; those follow ggml (`d * q`).
+//! * Quantization follows llama.cpp's `ggml-base` as built for `llama-quantize` (no FMA, no
+//!   F16C): f32 -> f16 rounds to nearest even and maps every NaN to `0x7E00` (numpy's
+//!   `astype(float16)`, used by gguf-py's quantizers, keeps NaN payloads instead). gguf-py's
+//!   Q4_0..Q8_0 quantizers are not used as an oracle.
+//! * Q8_K: llama.cpp leaves `bsums` unwritten for an all-zero block; we write zeros.
+//! * NaN payloads: when two *different* NaNs meet in one f32 operation, the survivor depends
+//!   on the compiler's operand order (C and Rust both treat `+`/`*` as commutative), so
+//!   neither implementation can promise a payload there. Single NaN inputs and the default
+//!   NaNs produced by `Inf - Inf` or `0 * Inf` match (see `tests/quant_golden.rs`).
+//!
+//! Fixtures: `tools/quant_golden.py` (gguf-py, dequant) and `tools/quant_ref_golden.c`
+//! (linked against llama.cpp's `libggml-base`, quantize) regenerate
+//! `tests/fixtures/{dequant_golden.bin,quant_golden.txt}`.
 
 pub mod blocks;
 mod dequant;
@@ -103,7 +127,7 @@ fn row_bytes(dtype: GgmlType, n_elems: usize) -> Result<usize, QuantError> {
 /// Dequantizes one row: `src` holds exactly `row_bytes(dst.len())` bytes of `dtype` blocks,
 /// `dst` receives `dst.len()` f32 values (a multiple of the block size).
 ///
-/// Bit-exact with gguf-py's `gguf.quants.dequantize` (see [`dequant`](crate) module docs).
+/// Bit-exact with gguf-py's `gguf.quants.dequantize` (see the crate docs for the NaN caveats).
 pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     if !can_dequantize(dtype) {
         return Err(QuantError::Unsupported {

@@ -153,3 +153,20 @@ fn quantize_throughput_smoke() {
         println!("{name}: {:.1} Melem/s", x.len() as f64 / secs / 1e6);
     }
 }
+
+#[test]
+fn dequantize_throughput_smoke() {
+    // Not a benchmark: prints Melem/s so regressions are visible with --nocapture.
+    let x = row(256 * 256, 3);
+    for dtype in damascus_quant::SUPPORTED {
+        let mut q = vec![0u8; dtype.row_bytes(x.len() as u64).unwrap() as usize];
+        quantize_row(dtype, &x, &mut q).unwrap();
+        let mut y = vec![0f32; x.len()];
+        let t = std::time::Instant::now();
+        for _ in 0..10 {
+            dequantize_row(dtype, &q, &mut y).unwrap();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!("dequant {dtype}: {:.0} Melem/s", 10.0 * x.len() as f64 / secs / 1e6);
+    }
+}
