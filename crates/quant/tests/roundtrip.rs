@@ -167,6 +167,9 @@ fn dequantize_throughput_smoke() {
             dequantize_row(dtype, &q, &mut y).unwrap();
         }
         let secs = t.elapsed().as_secs_f64();
-        println!("dequant {dtype}: {:.0} Melem/s", 10.0 * x.len() as f64 / secs / 1e6);
+        println!(
+            "dequant {dtype}: {:.0} Melem/s",
+            10.0 * x.len() as f64 / secs / 1e6
+        );
     }
 }
