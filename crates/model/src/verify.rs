@@ -163,7 +163,10 @@ impl Report {
 
     /// The first slot below the cosine bar, if any.
     pub fn first_divergence(&self, tol: &Tolerance) -> Option<&SlotDiff> {
-        self.slots.iter().find(|s| !(s.cosine >= tol.min_cosine))
+        // NaN cosines count as diverged.
+        self.slots
+            .iter()
+            .find(|s| s.cosine.is_nan() || s.cosine < tol.min_cosine)
     }
 
     /// Whether everything is within `tol` and the top-1 token matches.
