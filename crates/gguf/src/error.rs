@@ -27,7 +27,10 @@ pub enum GgufError {
     },
 
     /// The first four bytes are not `GGUF`.
-    #[error("offset 0: bad magic {found:02x?} (expected \"GGUF\" = [47, 47, 55, 46])")]
+    #[error(
+        "offset 0: bad magic \"{}\" (expected \"GGUF\"): not a GGUF file",
+        .found.as_slice().escape_ascii()
+    )]
     BadMagic {
         /// The four bytes found (fewer if the file is shorter).
         found: Vec<u8>,

@@ -205,6 +205,10 @@ impl GgufFile {
 
     /// The bytes of `info`'s data (zero-copy). Bounds were checked at open for this file's own
     /// infos; an info from elsewhere that does not fit yields an empty slice.
+    ///
+    /// For a memory-mapped file the slice starts at a multiple of [`alignment`](Self::alignment)
+    /// from the page-aligned mapping; for [`from_bytes`](Self::from_bytes) the memory alignment is
+    /// only that of the `Vec<u8>` (1), so reinterpret bytes with care (e.g. `from_le_bytes`).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let range = self.data_offset.checked_add(info.offset).and_then(|start| {
             let end = start.checked_add(info.try_n_bytes()?)?;

@@ -311,11 +311,15 @@ impl<W: Write> Write for Counting<W> {
     }
 }
 
+/// Writes zeros up to the next multiple of `alignment`, from a fixed buffer (an alignment of up to
+/// 2^31 must not allocate that much).
 fn pad<W: Write>(w: &mut Counting<W>, alignment: u64) -> std::io::Result<()> {
-    let rem = w.written % alignment;
-    if rem != 0 {
-        let zeros = vec![0u8; (alignment - rem) as usize];
-        w.write_all(&zeros)?;
+    const ZEROS: [u8; 4096] = [0; 4096];
+    let mut left = (alignment - w.written % alignment) % alignment;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        w.write_all(&ZEROS[..n])?;
+        left -= n as u64;
     }
     Ok(())
 }

@@ -84,7 +84,16 @@ fn bounded_mutation_fuzz() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz");
     if let Ok(entries) = std::fs::read_dir(fixtures) {
         for e in entries.flatten() {
-            seeds.push(std::fs::read(e.path()).unwrap());
+            // Regression inputs found by `cargo fuzz` run through the harness as-is first.
+            let bytes = std::fs::read(e.path()).unwrap();
+            let t = Instant::now();
+            fuzz_harness(&bytes);
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{}",
+                e.path().display()
+            );
+            seeds.push(bytes);
         }
     }
     // DAMASCUS_FUZZ_SECS=180 runs a longer session locally.

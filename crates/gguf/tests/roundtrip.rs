@@ -193,3 +193,25 @@ fn real_model_roundtrip() {
     let b = GgufFile::from_bytes(out).unwrap();
     assert_same(&a, &b);
 }
+
+#[test]
+fn version_2_files_parse() {
+    let mut r = common::Raw::header(2, 1, 1);
+    r.kv_u32("k", 5).tensor("t", &[2, 2], 0, 0).pad(32);
+    r.bytes(&[1u8; 16]);
+    let f = GgufFile::from_bytes(r.build()).unwrap();
+    assert_eq!(f.version(), 2);
+    assert_eq!(f.metadata().get_u32("k").unwrap(), Some(5));
+    assert_eq!(f.tensor_data_by_name("t").unwrap(), [1u8; 16]);
+    // Rewriting upgrades to v3 with identical content.
+    let b = GgufFile::from_bytes(rewrite(&f)).unwrap();
+    assert_eq!(b.version(), 3);
+    assert_same(&f, &b);
+}
+
+#[test]
+fn gguf_file_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<GgufFile>();
+    check::<GgufError>();
+}
