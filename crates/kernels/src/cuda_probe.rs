@@ -69,13 +69,14 @@ type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_
 
 /// Probe for CUDA devices. Never panics; safe to call on machines without a GPU.
 pub fn probe_cuda() -> CudaStatus {
-    let mut last_err = String::from("no library name to try");
+    let mut last_err = String::new();
     for name in LIB_NAMES {
         // SAFETY: loading the NVIDIA driver library runs its initializers, which are
         // designed to be loaded by any process; we keep it loaded for the duration of use.
         match unsafe { libloading::Library::new(name) } {
             Ok(lib) => return query(&lib),
-            Err(e) => last_err = format!("{name}: {e}"),
+            Err(e) if last_err.is_empty() => last_err = e.to_string(),
+            Err(_) => {}
         }
     }
     CudaStatus::NoDriver(last_err)
