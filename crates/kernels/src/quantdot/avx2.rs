@@ -49,13 +49,41 @@ unsafe fn load(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
-/// f16 at `p` (unaligned) to f32 via F16C.
+/// Four f16 at `p..p + 8` (unaligned) to f32 via F16C, as one full-register
+/// `vcvtph2ps xmm, m64`. Written as inline asm because LLVM otherwise narrows
+/// the load to a 16-bit insert into an arbitrary live register (seen: the
+/// accumulator), creating a false dependency that serializes the loop.
+#[inline(always)]
+unsafe fn f16x4_at(p: *const u8) -> __m128 {
+    let out: __m128;
+    // SAFETY: caller guarantees 8 readable bytes at `p` and F16C; the asm only
+    // reads that memory and writes `out`.
+    unsafe {
+        core::arch::asm!(
+            "vcvtph2ps {o}, qword ptr [{p}]",
+            p = in(reg) p,
+            o = out(xmm_reg) out,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// f16 at `p` (unaligned) to f32; reads the 8 bytes `p..p + 8`.
 #[inline(always)]
 pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: caller guarantees 2 readable bytes at `p` and F16C.
+    // SAFETY: caller guarantees 8 readable bytes at `p` and F16C.
+    unsafe { _mm_cvtss_f32(f16x4_at(p)) }
+}
+
+/// f16 at `p` to f32, reading the 8 bytes `p - 6..p + 2` (for a field at the
+/// end of a block).
+#[inline(always)]
+pub(super) unsafe fn f16_at_end(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees readable bytes p-6..p+2 and F16C.
     unsafe {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        let v = f16x4_at(p.sub(6));
+        _mm_cvtss_f32(_mm_shuffle_ps::<3>(v, v))
     }
 }
 
@@ -199,7 +227,7 @@ pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         for i in 0..nb {
             let b = w.as_ptr().add(i * 210);
             let y = a.get_unchecked(i);
-            let d = y.d * f16_at(b.add(208));
+            let d = y.d * f16_at_end(b.add(208));
             let q8 = y.qs.as_ptr() as *const u8;
             // -32 offset folded in through the activation block sums.
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
@@ -288,7 +316,7 @@ pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 34);
-            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let p = dot_i8(load(b.add(2)), load(y.qs.as_ptr() as *const u8));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
         }
@@ -309,7 +337,7 @@ pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
         let off = _mm256_set1_epi8(8);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 18);
-            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let q = _mm256_sub_epi8(nibbles32(b.add(2)), off);
             let p = dot_i8(q, load(y.qs.as_ptr() as *const u8));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
@@ -332,8 +360,8 @@ pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
         let ones = _mm256_set1_epi16(1);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 20);
-            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
-            summs += f16_at(b.add(2)) * f16_at(&y.s as *const u16 as *const u8);
+            let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
+            summs += f16_at(b.add(2)) * f16_at(core::ptr::from_ref(y).cast::<u8>().add(2));
             let q = nibbles32(b.add(4));
             let p = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(q, load(y.qs.as_ptr() as *const u8)),
@@ -358,7 +386,7 @@ pub unsafe fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
         let hi = _mm256_set1_epi8(0xF0u8 as i8);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 22);
-            let d = f16_at(b) * f16_at(&y.d as *const u16 as *const u8);
+            let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let qh = (b.add(2) as *const u32).read_unaligned();
             // q | 0xF0 == q - 16 (mod 256) where the 5th bit is clear.
             let bxhi = _mm256_andnot_si256(bytes_from_bits32(qh), hi);

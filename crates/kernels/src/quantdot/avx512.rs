@@ -10,7 +10,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{f16_at, hsum_ps128, nibbles32, scales_mins_k4};
+use super::avx2::{f16_at, f16_at_end, hsum_ps128, nibbles32, scales_mins_k4};
 use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, avx2};
 
 /// Byte-shuffle masks (per 128-bit lane): lanes 0-1 take i16 `2s`, lanes 2-3 i16 `2s + 1`.
@@ -175,7 +175,7 @@ unsafe fn q6k_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
         for i in 0..nb {
             let b = w.as_ptr().add(i * 210);
             let y = a.get_unchecked(i);
-            let d = y.d * f16_at(b.add(208));
+            let d = y.d * f16_at_end(b.add(208));
             let q8 = y.qs.as_ptr() as *const u8;
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
             let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
@@ -244,8 +244,8 @@ unsafe fn legacy_body<const VNNI: bool>(kind: Legacy, w: &[u8], a: &[BlockQ8_0])
             let b1 = b0.add(bb);
             let (y0, y1) = (a.get_unchecked(2 * p), a.get_unchecked(2 * p + 1));
             let ya = load2x256(y0.qs.as_ptr() as *const u8, y1.qs.as_ptr() as *const u8);
-            let d0 = f16_at(b0) * f16_at(&y0.d as *const u16 as *const u8);
-            let d1 = f16_at(b1) * f16_at(&y1.d as *const u16 as *const u8);
+            let d0 = f16_at(b0) * f16_at(core::ptr::from_ref(y0).cast::<u8>());
+            let d1 = f16_at(b1) * f16_at(core::ptr::from_ref(y1).cast::<u8>());
             let s = match kind {
                 Legacy::Q8_0 => {
                     let wq = load2x256(b0.add(2), b1.add(2));
@@ -313,10 +313,10 @@ unsafe fn q4_1_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8_1]) -> f32 {
             let b1 = b0.add(20);
             let (y0, y1) = (a.get_unchecked(2 * p), a.get_unchecked(2 * p + 1));
             let ya = load2x256(y0.qs.as_ptr() as *const u8, y1.qs.as_ptr() as *const u8);
-            let d0 = f16_at(b0) * f16_at(&y0.d as *const u16 as *const u8);
-            let d1 = f16_at(b1) * f16_at(&y1.d as *const u16 as *const u8);
-            summs += f16_at(b0.add(2)) * f16_at(&y0.s as *const u16 as *const u8)
-                + f16_at(b1.add(2)) * f16_at(&y1.s as *const u16 as *const u8);
+            let d0 = f16_at(b0) * f16_at(core::ptr::from_ref(y0).cast::<u8>());
+            let d1 = f16_at(b1) * f16_at(core::ptr::from_ref(y1).cast::<u8>());
+            summs += f16_at(b0.add(2)) * f16_at(core::ptr::from_ref(y0).cast::<u8>().add(2))
+                + f16_at(b1.add(2)) * f16_at(core::ptr::from_ref(y1).cast::<u8>().add(2));
             let u = _mm512_inserti64x4::<1>(
                 _mm512_castsi256_si512(nibbles32(b0.add(4))),
                 nibbles32(b1.add(4)),
