@@ -364,3 +364,16 @@ fn fuzz_regressions() {
         let _ = parse_timed(bytes);
     }
 }
+
+#[test]
+fn open_errors_name_the_path() {
+    let e = GgufFile::open("/nonexistent/dir/model.gguf").unwrap_err();
+    assert!(matches!(e, GgufError::Io { .. }), "{e}");
+    assert!(e.to_string().contains("/nonexistent/dir/model.gguf"), "{e}");
+    // An empty file on disk is a clean error too (no zero-length mmap).
+    let p = std::env::temp_dir().join(format!("damascus-empty-{}.gguf", std::process::id()));
+    std::fs::write(&p, b"").unwrap();
+    let e = GgufFile::open(&p).unwrap_err();
+    assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
+    std::fs::remove_file(&p).unwrap();
+}
