@@ -28,18 +28,30 @@ pub(crate) fn byte_to_char() -> [char; 256] {
     table
 }
 
-/// The inverse of [`byte_to_char`]: `None` for characters outside the alphabet.
-pub(crate) fn char_to_byte(c: char) -> Option<u8> {
-    let cp = c as u32;
-    match cp {
-        0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff => Some(cp as u8),
-        0x100..=0x143 => {
-            // The n-th non-printable byte (n = cp - 0x100).
-            let n = cp - 0x100;
-            (0..=255u8)
-                .filter(|&b| !matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff))
-                .nth(n as usize)
+/// `UNICODE_TO_BYTE[cp]` = the byte mapped to code point `cp` (< 0x144), or -1.
+const UNICODE_TO_BYTE: [i16; 0x144] = {
+    let mut t = [-1i16; 0x144];
+    let mut extra = 0usize;
+    let mut b = 0usize;
+    while b < 256 {
+        let printable =
+            (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        if printable {
+            t[b] = b as i16;
+        } else {
+            t[0x100 + extra] = b as i16;
+            extra += 1;
         }
+        b += 1;
+    }
+    t
+};
+
+/// The inverse of [`byte_to_char`]: `None` for characters outside the alphabet.
+#[inline]
+pub(crate) fn char_to_byte(c: char) -> Option<u8> {
+    match UNICODE_TO_BYTE.get(c as usize) {
+        Some(&b) if b >= 0 => Some(b as u8),
         _ => None,
     }
 }
@@ -136,6 +148,11 @@ impl BytePairModel {
             alphabet,
             cache: Mutex::new(HashMap::default()),
         })
+    }
+
+    /// The token of a single byte, if the vocabulary has it.
+    pub(crate) fn byte_token(&self, b: u8) -> Option<u32> {
+        Some(self.byte_tok[b as usize]).filter(|&id| id != NIL)
     }
 
     /// Encode one pre-tokenized word (raw bytes), appending token ids to `out`.

@@ -62,6 +62,12 @@ impl Hasher for FxHasher {
 
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        // The multiply only carries entropy upwards; hashbrown indexes buckets by the low bits,
+        // so fold the high half down (murmur3's fmix64).
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
     }
 }

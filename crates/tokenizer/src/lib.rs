@@ -293,6 +293,15 @@ impl Tokenizer {
         StreamDecoder::new(self, show_special)
     }
 
+    /// The token that stands for a single raw byte (byte-level alphabet token or `<0xNN>`), if
+    /// the vocabulary has one. Bytes without one are dropped (BPE) or become `unk` (SentencePiece).
+    pub fn byte_token(&self, byte: u8) -> Option<u32> {
+        match &self.model {
+            Model::Bpe(m) => m.byte_token(byte),
+            Model::Spm(m) => m.byte_token(byte),
+        }
+    }
+
     /// The bytes one token decodes to (control tokens included), or `None` if out of range.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.pieces.get(id as usize).map(|p| &p[..])

@@ -89,6 +89,11 @@ impl SentencePieceModel {
         }
     }
 
+    /// The `<0xNN>` token of a byte, if present.
+    pub(crate) fn byte_token(&self, b: u8) -> Option<u32> {
+        Some(self.byte_tok[b as usize]).filter(|&id| id != NIL)
+    }
+
     /// Encode one text fragment. `text` is raw; spaces are mapped to `▁` here and `prefix` adds
     /// the dummy `▁` in front.
     pub(crate) fn encode(&self, text: &str, prefix: bool, out: &mut Vec<u32>) {
