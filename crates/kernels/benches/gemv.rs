@@ -4,7 +4,11 @@
 //! the last-level cache (decode streams weights from DRAM).
 //!
 //! `cargo bench -p damascus-kernels --bench gemv -- [-t 1,2] [--types q4_k,q6_k]
-//!  [--reps 20] [--mats 8] [--n 3072] [--k 8192]`
+//!  [--reps 20] [--mb 640 | --mats 8] [--n 3072] [--k 8192]`
+//!
+//! `--mb` sets the total size of the distinct matrices cycled through (make it
+//! well above the last-level cache to measure DRAM streaming); `--mats 1` with
+//! a small `--n` measures in-cache compute throughput instead.
 
 use std::time::Instant;
 
@@ -16,6 +20,7 @@ struct Opts {
     types: Vec<WeightType>,
     reps: usize,
     mats: usize,
+    mb: usize,
     n: usize,
     k: usize,
 }
@@ -30,7 +35,8 @@ fn parse() -> Opts {
             WeightType::Q4_0,
         ],
         reps: 20,
-        mats: 8,
+        mats: 0,
+        mb: 640,
         n: 3072,
         k: 8192,
     };
@@ -52,6 +58,7 @@ fn parse() -> Opts {
             }
             "--reps" => o.reps = v.parse().unwrap_or(o.reps),
             "--mats" => o.mats = v.parse().unwrap_or(o.mats),
+            "--mb" => o.mb = v.parse().unwrap_or(o.mb),
             "--n" => o.n = v.parse().unwrap_or(o.n),
             "--k" => o.k = v.parse().unwrap_or(o.k),
             _ => {
@@ -73,15 +80,22 @@ fn main() {
         seed ^= seed << 17;
         seed
     };
-    println!("| type | isa | threads | n x k | MB/matrix | median us | GB/s | best GB/s |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| type | isa | threads | n x k | MB/matrix | matrices | median us | GB/s | best GB/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &t in &o.types {
         let rb = t
             .row_bytes(o.k)
             .expect("k must be a multiple of the block size");
         let mat = o.n * rb;
+        let mats = if o.mats > 0 {
+            o.mats
+        } else {
+            (o.mb << 20).div_ceil(mat).max(1)
+        };
         // Random blocks with small finite f16 scales (0x2000 ≈ 0.0078).
-        let mut w: Vec<u8> = (0..mat * o.mats).map(|_| rnd() as u8).collect();
+        let mut w: Vec<u8> = (0..mat * mats).map(|_| rnd() as u8).collect();
         let scale_offs: &[usize] = match t {
             WeightType::Q6_K => &[208],
             WeightType::Q4_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
@@ -113,7 +127,7 @@ fn main() {
                     o.reps
                 };
                 // Warm-up: one pass over all matrices.
-                for m in 0..o.mats {
+                for m in 0..mats {
                     gemv_with(
                         kern,
                         t,
@@ -126,7 +140,7 @@ fn main() {
                 }
                 let mut times = Vec::with_capacity(reps);
                 for r in 0..reps {
-                    let m = r % o.mats;
+                    let m = r % mats;
                     let s = Instant::now();
                     gemv_with(
                         kern,
@@ -142,13 +156,14 @@ fn main() {
                 times.sort_by(|a, b| a.total_cmp(b));
                 let med = times[times.len() / 2];
                 println!(
-                    "| {} | {} | {} | {}x{} | {:.1} | {:.0} | {:.1} | {:.1} |",
+                    "| {} | {} | {} | {}x{} | {:.1} | {} | {:.0} | {:.1} | {:.1} |",
                     t.name(),
                     isa.name(),
                     nt,
                     o.n,
                     o.k,
                     mat as f64 / 1e6,
+                    mats,
                     med * 1e6,
                     mat as f64 / med / 1e9,
                     mat as f64 / times[0] / 1e9

@@ -107,27 +107,28 @@ pub(super) unsafe fn hsum_ps128(s: __m128) -> f32 {
     }
 }
 
-/// The 12-byte K-quant scale field as 16 u8: scales in bytes 0..8, mins in 8..16.
+/// The 12-byte K-quant scale field at `p` as 16 u8: scales in bytes 0..8,
+/// mins in 8..16 (ggml's `get_scale_min_k4` for j = 0..8), unpacked in SIMD
+/// registers. Reads 16 bytes (`p..p + 16`).
 #[inline(always)]
 pub(super) unsafe fn scales_mins_k4(p: *const u8) -> __m128i {
-    // SAFETY: caller guarantees 12 readable bytes at `p`.
-    let (u0, u1, u2) = unsafe {
-        let p = p as *const u32;
-        (
-            p.read_unaligned(),
-            p.add(1).read_unaligned(),
-            p.add(2).read_unaligned(),
-        )
-    };
-    const K1: u32 = 0x3f3f_3f3f;
-    const K2: u32 = 0x0f0f_0f0f;
-    const K3: u32 = 0x0303_0303;
-    let sc_lo = u0 & K1;
-    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
-    let m_lo = u1 & K1;
-    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
-    // SAFETY: register-only SSE2 op.
-    unsafe { _mm_set_epi32(m_hi as i32, m_lo as i32, sc_hi as i32, sc_lo as i32) }
+    // SAFETY: caller guarantees 16 readable bytes at `p` and AVX2.
+    unsafe {
+        // u32 lanes: [u0, u1, u2, -] = bytes [0..4, 4..8, 8..12, 12..16].
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let low6 = _mm_and_si128(v, _mm_set1_epi32(0x3f3f_3f3f)); // [sc 0..4, m 0..4]
+        let top2 = _mm_slli_epi32::<4>(_mm_and_si128(
+            _mm_srli_epi32::<6>(v),
+            _mm_set1_epi32(0x0303_0303),
+        ));
+        let u2 = _mm_shuffle_epi32::<0b1010_1010>(v);
+        let nib = _mm_and_si128(
+            _mm_srlv_epi32(u2, _mm_set_epi32(0, 0, 4, 0)),
+            _mm_set1_epi32(0x0f0f_0f0f),
+        );
+        let high = _mm_or_si128(nib, top2); // [sc 4..8, m 4..8]
+        _mm_unpacklo_epi32(low6, high)
+    }
 }
 
 /// Shared body of Q4_K / Q5_K (`FIVE` selects the high-bit plane).

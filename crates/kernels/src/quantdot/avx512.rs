@@ -13,7 +13,8 @@ use core::arch::x86_64::*;
 use super::avx2::{f16_at, f16_at_end, hsum_ps128, nibbles32, scales_mins_k4};
 use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, avx2};
 
-/// Byte-shuffle masks (per 128-bit lane): lanes 0-1 take i16 `2s`, lanes 2-3 i16 `2s + 1`.
+/// Byte-shuffle masks (per 128-bit lane): lanes 0-1 take i16 `2s`, lanes 2-3 i16 `2s + 1`
+/// (the scales of sub-blocks 2s and 2s + 1).
 static SHUF_K4: [[u8; 64]; 4] = {
     let mut t = [[0u8; 64]; 4];
     let mut s = 0;
@@ -124,38 +125,33 @@ unsafe fn k4_body<const FIVE: bool, const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) 
             let pm = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), bs8);
             acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), acc_m);
             let scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
-            let (qs, hb) = if FIVE {
-                let h = _mm256_loadu_si256(b.add(16) as *const __m256i);
-                let hh =
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), _mm256_srli_epi16::<2>(h));
-                (b.add(48), hh)
+            // Each 32-byte group of qs holds 64 elements: low nibbles then high
+            // nibbles. Broadcasting it to both 256-bit halves and shifting the
+            // upper half by 4 lays the 64 elements out contiguously, with no
+            // cross-lane shuffle.
+            let shift = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+            let (qs, mut hb) = if FIVE {
+                let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+                (b.add(48), h)
             } else {
                 (b.add(16), _mm512_setzero_si512())
             };
+            let one = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
             let q8 = y.qs.as_ptr() as *const u8;
             let mut sumi = _mm512_setzero_si512();
-            for c in 0..2 {
-                let q = load(qs.add(64 * c));
-                let mut lo = _mm512_and_si512(q, m4);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+            for (j, shuf) in SHUF_K4.iter().enumerate() {
+                let raw =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * j) as *const __m256i));
+                let mut q = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), m4);
                 if FIVE {
-                    let (hl, hh) = if c == 0 {
-                        (hb, _mm512_srli_epi16::<1>(hb))
-                    } else {
-                        (_mm512_srli_epi16::<4>(hb), _mm512_srli_epi16::<5>(hb))
-                    };
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(_mm512_and_si512(hl, m1)));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi16::<4>(_mm512_and_si512(hh, m1)));
+                    // Bit 2j (low half) / 2j+1 (high half) of each qh byte.
+                    let h = _mm512_and_si512(_mm512_srlv_epi16(hb, one), m1);
+                    q = _mm512_or_si512(q, _mm512_slli_epi16::<4>(h));
+                    hb = _mm512_srli_epi16::<2>(hb);
                 }
-                // Elements 128c..128c+64 and 128c+64..128c+128, contiguous.
-                let x = _mm512_shuffle_i64x2::<0x44>(lo, hi);
-                let z = _mm512_shuffle_i64x2::<0xEE>(lo, hi);
-                let px = _mm512_maddubs_epi16(x, load(q8.add(128 * c)));
-                let pz = _mm512_maddubs_epi16(z, load(q8.add(128 * c + 64)));
-                let sx = _mm512_shuffle_epi8(scales, load(SHUF_K4[2 * c].as_ptr()));
-                let sz = _mm512_shuffle_epi8(scales, load(SHUF_K4[2 * c + 1].as_ptr()));
-                sumi = madd_acc::<VNNI>(sumi, px, sx);
-                sumi = madd_acc::<VNNI>(sumi, pz, sz);
+                let p = _mm512_maddubs_epi16(q, load(q8.add(64 * j)));
+                let sc = _mm512_shuffle_epi8(scales, load(shuf.as_ptr()));
+                sumi = madd_acc::<VNNI>(sumi, p, sc);
             }
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
         }
