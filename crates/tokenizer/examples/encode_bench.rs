@@ -37,7 +37,7 @@ fn main() {
     let repeats: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3);
     let text = std::fs::read_to_string(&args[2]).expect("read corpus");
     let t0 = Instant::now();
-    let mut tok = load(&args[1]);
+    drop(load(&args[1]));
     let load_s = t0.elapsed().as_secs_f64();
     println!("load {load_s:.3} s, {} bytes", text.len());
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
@@ -46,7 +46,7 @@ fn main() {
         let mut best = f64::INFINITY;
         let mut ids = Vec::new();
         for _ in 0..repeats {
-            tok = load(&args[1]);
+            let tok = load(&args[1]);
             let t = Instant::now();
             ids = if mode == "whole" {
                 tok.encode(&text, false, false)

@@ -72,8 +72,11 @@ pub(crate) struct BytePairModel {
     /// Byte alphabet. `[256]`
     alphabet: [char; 256],
     /// Word bytes → token ids.
-    cache: Mutex<HashMap<Box<[u8]>, Box<[u32]>, FxBuild>>,
+    cache: Mutex<WordCache>,
 }
+
+/// Word bytes → token ids.
+type WordCache = HashMap<Box<[u8]>, Box<[u32]>, FxBuild>;
 
 /// One symbol of the word being merged: a node of a doubly linked list.
 #[derive(Clone, Copy)]

@@ -35,8 +35,8 @@ use spm::SentencePieceModel;
 
 /// The encoding algorithm behind a [`Tokenizer`].
 enum Model {
-    Bpe(BytePairModel),
-    Spm(SentencePieceModel),
+    Bpe(Box<BytePairModel>),
+    Spm(Box<SentencePieceModel>),
 }
 
 /// Per-call options of [`Tokenizer::encode_with`].
@@ -140,18 +140,15 @@ impl Tokenizer {
                 if spec.pre == PreTokenizer::None {
                     return Err(TokenizerError::UnsupportedPreTokenizer("default".into()));
                 }
-                Model::Bpe(BytePairModel::new(
-                    &spec.tokens,
-                    &spec.merges,
-                    spec.ignore_merges,
-                )?)
+                let m = BytePairModel::new(&spec.tokens, &spec.merges, spec.ignore_merges)?;
+                Model::Bpe(Box::new(m))
             }
-            ModelKind::SentencePiece => Model::Spm(SentencePieceModel::new(
+            ModelKind::SentencePiece => Model::Spm(Box::new(SentencePieceModel::new(
                 &spec.tokens,
                 &spec.scores,
                 &types,
                 spec.unk,
-            )),
+            ))),
         };
         let pieces = spec
             .tokens

@@ -62,7 +62,7 @@ fn smollm2() -> Option<Tokenizer> {
     Some(Tokenizer::from_gguf(&f).unwrap())
 }
 
-pub fn llama3() -> Option<Tokenizer> {
+fn llama3() -> Option<Tokenizer> {
     let path = find(
         "DAMASCUS_LLAMA3_TOKENIZER",
         || damascus_hub::llama3_tokenizer_json().ok(),
