@@ -4,7 +4,7 @@
 //! the last-level cache (decode streams weights from DRAM).
 //!
 //! `cargo bench -p damascus-kernels --bench gemv -- [-t 1,2] [--types q4_k,q6_k]
-//!  [--reps 20] [--mb 640 | --mats 8] [--n 3072] [--k 8192]`
+//!  [--reps 20] [--mb 640 | --mats 8] [--n 3072] [--k 8192] [--attn N_KV]`
 //!
 //! `--mb` sets the total size of the distinct matrices cycled through (make it
 //! well above the last-level cache to measure DRAM streaming); `--mats 1` with
@@ -12,6 +12,9 @@
 
 use std::time::Instant;
 
+use damascus_kernels::attn_decode::{
+    DecodeShape, KvLayout, attn_decode_f16, attn_decode_f16_scalar,
+};
 use damascus_kernels::pool::ThreadPool;
 use damascus_kernels::quantdot::{ActBuf, Isa, WeightType, gemv_with, kernels_for};
 
@@ -21,6 +24,7 @@ struct Opts {
     reps: usize,
     mats: usize,
     mb: usize,
+    attn: usize,
     n: usize,
     k: usize,
 }
@@ -37,6 +41,7 @@ fn parse() -> Opts {
         reps: 20,
         mats: 0,
         mb: 640,
+        attn: 0,
         n: 3072,
         k: 8192,
     };
@@ -59,6 +64,7 @@ fn parse() -> Opts {
             "--reps" => o.reps = v.parse().unwrap_or(o.reps),
             "--mats" => o.mats = v.parse().unwrap_or(o.mats),
             "--mb" => o.mb = v.parse().unwrap_or(o.mb),
+            "--attn" => o.attn = v.parse().unwrap_or(o.attn),
             "--n" => o.n = v.parse().unwrap_or(o.n),
             "--k" => o.k = v.parse().unwrap_or(o.k),
             _ => {
@@ -176,5 +182,64 @@ fn main() {
             o.k,
             q_us
         );
+    }
+    if o.attn > 0 {
+        attn_bench(&o);
+    }
+}
+
+/// Decode attention over an f16 KV cache shaped like Llama-3.2-3B (24 query
+/// heads, 8 KV heads, head_dim 128) with `--attn N` cached positions.
+fn attn_bench(o: &Opts) {
+    let sh = DecodeShape {
+        n_head: 24,
+        n_head_kv: 8,
+        head_dim: 128,
+        layout: KvLayout::PosMajor,
+    };
+    let n_kv = o.attn;
+    let kv = n_kv * sh.n_head_kv * sh.head_dim;
+    let k: Vec<u16> = (0..kv).map(|i| 0x3000 + (i % 977) as u16).collect();
+    let v: Vec<u16> = (0..kv).map(|i| 0x2c00 + (i % 613) as u16).collect();
+    let q: Vec<f32> = (0..sh.n_head * sh.head_dim)
+        .map(|i| ((i % 17) as f32 - 8.0) * 0.05)
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    let bytes = 2.0 * kv as f64 * 2.0;
+    println!();
+    println!("| attention (24/8 heads, hd 128) | n_kv | threads | median us | KV GB/s |");
+    println!("|---|---|---|---|---|");
+    let mut time = |name: &str, nt: usize, f: &mut dyn FnMut(&mut [f32])| {
+        f(&mut out);
+        let mut ts: Vec<f64> = (0..o.reps)
+            .map(|_| {
+                let s = Instant::now();
+                f(&mut out);
+                s.elapsed().as_secs_f64()
+            })
+            .collect();
+        ts.sort_by(|a, b| a.total_cmp(b));
+        let med = ts[ts.len() / 2];
+        println!(
+            "| {name} | {n_kv} | {nt} | {:.0} | {:.1} |",
+            med * 1e6,
+            bytes / med / 1e9
+        );
+    };
+    time("scalar", 1, &mut |out| {
+        attn_decode_f16_scalar(&q, &k, &v, sh, n_kv, out).expect("attn")
+    });
+    let hm = DecodeShape {
+        layout: KvLayout::HeadMajor { n_ctx: n_kv },
+        ..sh
+    };
+    for &nt in &o.threads {
+        let pool = ThreadPool::new(nt);
+        time("simd pos-major", nt, &mut |out| {
+            attn_decode_f16(&q, &k, &v, sh, n_kv, out, Some(&pool)).expect("attn")
+        });
+        time("simd head-major", nt, &mut |out| {
+            attn_decode_f16(&q, &k, &v, hm, n_kv, out, Some(&pool)).expect("attn")
+        });
     }
 }

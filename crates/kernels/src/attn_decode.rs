@@ -10,6 +10,20 @@ use std::ops::Range;
 use crate::pool::{ThreadPool, split_range};
 use crate::quantdot::{Isa, KernelError, f16_to_f32, kernels};
 
+/// Memory layout of the K and V caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvLayout {
+    /// `[n_ctx, n_head_kv, head_dim]`: one row per position (appends are contiguous).
+    #[default]
+    PosMajor,
+    /// `[n_head_kv, n_ctx, head_dim]`: each head's keys contiguous (streams
+    /// best when heads are split across threads).
+    HeadMajor {
+        /// Positions allocated per head.
+        n_ctx: usize,
+    },
+}
+
 /// Head geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeShape {
@@ -19,6 +33,8 @@ pub struct DecodeShape {
     pub n_head_kv: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// Layout of the caches.
+    pub layout: KvLayout,
 }
 
 impl DecodeShape {
@@ -34,6 +50,7 @@ impl DecodeShape {
             n_head,
             n_head_kv,
             head_dim,
+            layout,
         } = *self;
         let bad = |m: String| Err(KernelError::BadShape(m));
         if n_head_kv == 0 || head_dim == 0 || n_head % n_head_kv != 0 {
@@ -49,7 +66,15 @@ impl DecodeShape {
                 n_head * head_dim
             ));
         }
-        let need = n_kv.saturating_mul(n_head_kv * head_dim);
+        let need = match layout {
+            KvLayout::PosMajor => n_kv.saturating_mul(n_head_kv * head_dim),
+            KvLayout::HeadMajor { n_ctx } if n_kv <= n_ctx => {
+                n_ctx.saturating_mul(n_head_kv * head_dim)
+            }
+            KvLayout::HeadMajor { n_ctx } => {
+                return bad(format!("n_kv {n_kv} exceeds n_ctx {n_ctx}"));
+            }
+        };
         if n_kv == 0 || k.len() < need || v.len() < need {
             return bad(format!(
                 "k/v caches hold {}/{} halves, need {need} for n_kv {n_kv}",
@@ -59,12 +84,22 @@ impl DecodeShape {
         }
         Ok(())
     }
+
+    /// Offset (in halves) of position `p`, KV head `kvh` in a cache.
+    #[inline]
+    fn offset(&self, p: usize, kvh: usize) -> usize {
+        match self.layout {
+            KvLayout::PosMajor => (p * self.n_head_kv + kvh) * self.head_dim,
+            KvLayout::HeadMajor { n_ctx } => (kvh * n_ctx + p) * self.head_dim,
+        }
+    }
 }
 
 /// Attention output of one decode step.
 ///
 /// * `q`: `[n_head, head_dim]` f32 (already rotated)
-/// * `k`, `v`: `[n_ctx, n_head_kv, head_dim]` f16 bits; rows `0..n_kv` valid
+/// * `k`, `v`: f16 bits in `shape.layout` (`[n_ctx, n_head_kv, head_dim]` or
+///   `[n_head_kv, n_ctx, head_dim]`); positions `0..n_kv` valid
 /// * `out`: `[n_head, head_dim]` f32
 ///
 /// Query head `h` uses KV head `h / (n_head / n_head_kv)` and attends to
@@ -162,13 +197,12 @@ fn kv_head(
 ) {
     let hd = shape.head_dim;
     let group = shape.n_head / shape.n_head_kv;
-    let stride = shape.n_head_kv * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let qg = &q[kvh * group * hd..(kvh + 1) * group * hd]; // [group, hd]
     scores.clear();
     scores.resize(group * n_kv, 0.0); // [group, n_kv]
     for p in 0..n_kv {
-        let kr = &k[p * stride + kvh * hd..][..hd];
+        let kr = &k[shape.offset(p, kvh)..][..hd];
         for g in 0..group {
             let qh = &qg[g * hd..(g + 1) * hd];
             scores[g * n_kv + p] = dot_f16(simd, qh, kr) * scale;
@@ -179,7 +213,7 @@ fn kv_head(
     }
     out.fill(0.0);
     for p in 0..n_kv {
-        let vr = &v[p * stride + kvh * hd..][..hd];
+        let vr = &v[shape.offset(p, kvh)..][..hd];
         for g in 0..group {
             axpy_f16(
                 simd,
@@ -389,16 +423,13 @@ mod tests {
     /// Straight f64 attention from the definition.
     fn naive(q: &[f32], k: &[u16], v: &[u16], sh: DecodeShape, n_kv: usize) -> Vec<f64> {
         let (hd, group) = (sh.head_dim, sh.n_head / sh.n_head_kv);
-        let stride = sh.n_head_kv * hd;
         let mut out = vec![0f64; sh.n_head * hd];
         for h in 0..sh.n_head {
             let kvh = h / group;
             let sc: Vec<f64> = (0..n_kv)
                 .map(|p| {
                     (0..hd)
-                        .map(|i| {
-                            q[h * hd + i] as f64 * f16_to_f32(k[p * stride + kvh * hd + i]) as f64
-                        })
+                        .map(|i| q[h * hd + i] as f64 * f16_to_f32(k[sh.offset(p, kvh) + i]) as f64)
                         .sum::<f64>()
                         / (hd as f64).sqrt()
                 })
@@ -408,7 +439,7 @@ mod tests {
             let z: f64 = e.iter().sum();
             for p in 0..n_kv {
                 for i in 0..hd {
-                    out[h * hd + i] += e[p] / z * f16_to_f32(v[p * stride + kvh * hd + i]) as f64;
+                    out[h * hd + i] += e[p] / z * f16_to_f32(v[sh.offset(p, kvh) + i]) as f64;
                 }
             }
         }
@@ -425,44 +456,47 @@ mod tests {
             (6, 2, 20, 17, 17, 0.5), // head_dim not a multiple of 8
             (8, 1, 64, 64, 63, 8.0), // MQA, peaky softmax
         ] {
-            let sh = DecodeShape {
-                n_head,
-                n_head_kv,
-                head_dim: hd,
-            };
-            let q = data(1 + n_kv as u64, n_head * hd, amp);
-            let k: Vec<u16> = data(2, n_ctx * n_head_kv * hd, amp)
-                .into_iter()
-                .map(f32_to_f16)
-                .collect();
-            let v: Vec<u16> = data(3, n_ctx * n_head_kv * hd, 1.0)
-                .into_iter()
-                .map(f32_to_f16)
-                .collect();
-            let want = naive(&q, &k, &v, sh, n_kv);
-            let mut s = vec![0f32; n_head * hd];
-            attn_decode_f16_scalar(&q, &k, &v, sh, n_kv, &mut s).expect("scalar");
-            let mut f = vec![0f32; n_head * hd];
-            attn_decode_f16(&q, &k, &v, sh, n_kv, &mut f, Some(&pool)).expect("fast");
-            for i in 0..want.len() {
-                assert!(
-                    (s[i] as f64 - want[i]).abs() < 1e-4,
-                    "scalar {i}: {} vs {}",
-                    s[i],
-                    want[i]
-                );
-                assert!(
-                    (f[i] as f64 - want[i]).abs() < 1e-4,
-                    "fast {i}: {} vs {}",
-                    f[i],
-                    want[i]
-                );
-                assert!(
-                    (f[i] - s[i]).abs() < 2e-5 * (1.0 + s[i].abs()),
-                    "twin {i}: {} vs {}",
-                    f[i],
-                    s[i]
-                );
+            for layout in [KvLayout::PosMajor, KvLayout::HeadMajor { n_ctx }] {
+                let sh = DecodeShape {
+                    n_head,
+                    n_head_kv,
+                    head_dim: hd,
+                    layout,
+                };
+                let q = data(1 + n_kv as u64, n_head * hd, amp);
+                let k: Vec<u16> = data(2, n_ctx * n_head_kv * hd, amp)
+                    .into_iter()
+                    .map(f32_to_f16)
+                    .collect();
+                let v: Vec<u16> = data(3, n_ctx * n_head_kv * hd, 1.0)
+                    .into_iter()
+                    .map(f32_to_f16)
+                    .collect();
+                let want = naive(&q, &k, &v, sh, n_kv);
+                let mut s = vec![0f32; n_head * hd];
+                attn_decode_f16_scalar(&q, &k, &v, sh, n_kv, &mut s).expect("scalar");
+                let mut f = vec![0f32; n_head * hd];
+                attn_decode_f16(&q, &k, &v, sh, n_kv, &mut f, Some(&pool)).expect("fast");
+                for i in 0..want.len() {
+                    assert!(
+                        (s[i] as f64 - want[i]).abs() < 1e-4,
+                        "scalar {i}: {} vs {}",
+                        s[i],
+                        want[i]
+                    );
+                    assert!(
+                        (f[i] as f64 - want[i]).abs() < 1e-4,
+                        "fast {i}: {} vs {}",
+                        f[i],
+                        want[i]
+                    );
+                    assert!(
+                        (f[i] - s[i]).abs() < 2e-5 * (1.0 + s[i].abs()),
+                        "twin {i}: {} vs {}",
+                        f[i],
+                        s[i]
+                    );
+                }
             }
         }
     }
@@ -473,6 +507,7 @@ mod tests {
             n_head: 3,
             n_head_kv: 2,
             head_dim: 4,
+            layout: KvLayout::PosMajor,
         };
         let mut o = vec![0f32; 12];
         assert!(attn_decode_f16(&[0.0; 12], &[0; 8], &[0; 8], sh, 1, &mut o, None).is_err());
@@ -480,10 +515,16 @@ mod tests {
             n_head: 2,
             n_head_kv: 1,
             head_dim: 4,
+            layout: KvLayout::PosMajor,
         };
         let mut o = vec![0f32; 8];
         assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 2, &mut o, None).is_err());
         assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 0, &mut o, None).is_err());
         assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 1, &mut o, None).is_ok());
+        let sh = DecodeShape {
+            layout: KvLayout::HeadMajor { n_ctx: 1 },
+            ..sh
+        };
+        assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 2, &mut o, None).is_err());
     }
 }
