@@ -172,3 +172,26 @@ fn chat_templates_match_transformers() {
     }
     assert!(n >= 12, "only {n} template cases ran");
 }
+
+/// The same vocabulary through the GGUF path (`tools/tokenizer_llama3_gguf.py`; not committed,
+/// several MB): `from_gguf` must agree with `tokenizers` too.
+#[test]
+fn llama3_gguf_matches_tokenizers() {
+    let path = std::env::var("DAMASCUS_LLAMA3_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/tmp/llama3_tokenizer.gguf"));
+    if !path.exists() {
+        eprintln!(
+            "SKIP: {} not found (run tools/tokenizer_llama3_gguf.py)",
+            path.display()
+        );
+        return;
+    }
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    check_against(&tok, &fixture("llama3_ids.json"), "llama3 gguf");
+    assert_eq!(tok.token_text(tok.eos().unwrap()), Some("<|end_of_text|>"));
+    // No eot key in the file: found by its text.
+    assert_eq!(tok.token_text(tok.eot().unwrap()), Some("<|eot_id|>"));
+    assert!(tok.is_eog(tok.eos().unwrap()) && tok.is_eog(tok.eot().unwrap()));
+    assert!(ChatTemplate::from_tokenizer(&tok).is_ok());
+}
