@@ -36,6 +36,7 @@
 pub mod blocks;
 mod dequant;
 pub mod fp;
+mod qkx2_lanes;
 mod quant_k;
 mod quant_legacy;
 pub mod recipe;

@@ -13,6 +13,7 @@ use crate::blocks::{
     get_scale_min_k4,
 };
 use crate::fp::{f32_to_fp16, fp16_to_f32, nearest_int};
+use crate::qkx2_lanes::make_qkx2_quants_lanes;
 
 /// ggml's threshold below which a group counts as all-zero.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -146,23 +147,30 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 }
 
 /// Search parameters of ggml's `make_qkx2_quants`.
-struct Qkx2 {
+pub(crate) struct Qkx2 {
     /// Largest quant.
-    nmax: i32,
+    pub(crate) nmax: i32,
     /// First trial offset added to `nmax`.
-    rmin: f32,
+    pub(crate) rmin: f32,
     /// Step between trial offsets.
-    rdelta: f32,
+    pub(crate) rdelta: f32,
     /// Number of steps (trials are `0..=nstep`).
-    nstep: i32,
+    pub(crate) nstep: i32,
     /// Minimise absolute instead of squared error.
-    use_mad: bool,
+    pub(crate) use_mad: bool,
 }
 
 /// ggml's `make_qkx2_quants`: affine `x ~ scale * L - min` fit by a grid search over inverse
 /// scales with a weighted least-squares refit. Returns `(scale, min)` where `min` is the
 /// non-negative offset subtracted (ggml's `*the_min`); writes `L` in `0..=nmax`.
-fn make_qkx2_quants(p: &Qkx2, x: &[f32], weights: &[f32], l_out: &mut [u8]) -> (f32, f32) {
+// The scalar reference twin of `qkx2_lanes::make_qkx2_quants_lanes` (used by its test).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn make_qkx2_quants(
+    p: &Qkx2,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+) -> (f32, f32) {
     let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
@@ -262,18 +270,14 @@ pub(crate) fn q2_k_row(src: &[f32], dst: &mut [u8]) {
     };
     for_blocks(src, dst, |x| {
         let mut l = [0u8; QK_K];
-        let mut scales = [0f32; QK_K / 16];
-        let mut mins = [0f32; QK_K / 16];
+        let mut weights = [0f32; QK_K]; // [16 groups * 16] f32
+        for (w, v) in weights.iter_mut().zip(x) {
+            *w = v.abs();
+        }
+        let (scales, mins) =
+            make_qkx2_quants_lanes::<16, { QK_K / 16 }>(&params, x, &weights, &mut l);
         let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-        for j in 0..QK_K / 16 {
-            let xs = &x[16 * j..16 * j + 16];
-            let mut weights = [0f32; 16];
-            for (w, v) in weights.iter_mut().zip(xs) {
-                *w = v.abs();
-            }
-            let (s, m) = make_qkx2_quants(&params, xs, &weights, &mut l[16 * j..16 * j + 16]);
-            scales[j] = s;
-            mins[j] = m;
+        for (&s, &m) in scales.iter().zip(&mins) {
             if s > max_scale {
                 max_scale = s;
             }
@@ -405,23 +409,20 @@ fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; K_SCALE_SIZE] {
 /// Shared body of Q4_K / Q5_K: returns `(d, dmin, packed scales, L)` with `L` in `0..=nmax`.
 fn k_scale_min_quants(x: &[f32], p: &Qkx2) -> (u16, u16, [u8; K_SCALE_SIZE], [u8; QK_K]) {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; QK_K / 32];
-    let mut mins = [0f32; QK_K / 32];
-    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-    for j in 0..QK_K / 32 {
-        let xs = &x[32 * j..32 * j + 32];
+    let mut weights = [0f32; QK_K]; // [8 groups * 32] f32
+    for (xs, ws) in x.chunks_exact(32).zip(weights.chunks_exact_mut(32)) {
         let mut sum_x2 = 0.0f32;
         for &v in xs {
             sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32.0).sqrt();
-        let mut weights = [0f32; 32];
-        for (w, v) in weights.iter_mut().zip(xs) {
+        for (w, v) in ws.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(p, xs, &weights, &mut l[32 * j..32 * j + 32]);
-        scales[j] = s;
-        mins[j] = m;
+    }
+    let (scales, mins) = make_qkx2_quants_lanes::<32, { QK_K / 32 }>(p, x, &weights, &mut l);
+    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    for (&s, &m) in scales.iter().zip(&mins) {
         if s > max_scale {
             max_scale = s;
         }
