@@ -2,6 +2,7 @@
 //! the streaming decoder reproduces the text and never splits a character.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use damascus_gguf::GgufFile;
 use damascus_tokenizer::{Tokenizer, TokenizerSpec};
@@ -51,7 +52,13 @@ fn spm() -> Tokenizer {
     Tokenizer::from_gguf(&GgufFile::open(p).unwrap()).unwrap()
 }
 
-fn byte_level() -> Vec<(&'static str, Tokenizer)> {
+/// The byte-level tokenizers, loaded once per test binary (the Llama 3 JSON takes seconds).
+fn byte_level() -> &'static [(&'static str, Tokenizer)] {
+    static CELL: OnceLock<Vec<(&'static str, Tokenizer)>> = OnceLock::new();
+    CELL.get_or_init(load_byte_level)
+}
+
+fn load_byte_level() -> Vec<(&'static str, Tokenizer)> {
     let mut out = Vec::new();
     let smol = std::env::var("DAMASCUS_SMOLLM2")
         .map(PathBuf::from)
@@ -99,9 +106,12 @@ fn stream(tok: &Tokenizer, ids: &[u32], show_special: bool) -> String {
 
 #[test]
 fn random_strings_round_trip() {
-    let mut tokenizers = byte_level();
-    tokenizers.push(("spm", spm()));
-    for (name, tok) in &tokenizers {
+    let spm = spm();
+    let all = byte_level()
+        .iter()
+        .map(|(n, t)| (*n, t))
+        .chain([("spm", &spm)]);
+    for (name, tok) in all {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for _ in 0..400 {
             // Characters with a byte the vocabulary cannot express cannot round-trip (HF drops
@@ -119,7 +129,7 @@ fn random_strings_round_trip() {
                 })
                 .collect();
             // SentencePiece cannot tell a literal `▁` from a space (sentencepiece neither).
-            let s = if *name == "spm" {
+            let s = if name == "spm" {
                 s.replace('\u{2581}', " ")
             } else {
                 s
@@ -148,6 +158,7 @@ fn random_strings_round_trip() {
 #[test]
 fn stream_decoder_holds_partial_characters() {
     for (name, tok) in byte_level() {
+        let name = *name;
         let text = "a😀b中";
         let ids = tok.encode(text, false, false);
         let mut d = tok.stream_decoder(false);
