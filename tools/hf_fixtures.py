@@ -77,18 +77,24 @@ def main() -> int:
     config = AutoConfig.from_pretrained(model_dir, gguf_file=model_file)
     if args.llama3_scaling:
         factor, low, high, orig = args.llama3_scaling.split(",")
-        config.rope_scaling = {
+        llama3 = {
             "rope_type": "llama3",
             "factor": float(factor),
             "low_freq_factor": float(low),
             "high_freq_factor": float(high),
             "original_max_position_embeddings": int(orig),
         }
-        # transformers >= 5 reads `rope_parameters`; keep the theta it parsed from the GGUF.
-        if hasattr(config, "rope_parameters") and isinstance(config.rope_parameters, dict):
-            params = dict(config.rope_parameters)
-            params.update(config.rope_scaling)
+        # transformers >= 5 keeps rope settings (including rope_theta) in `rope_parameters`,
+        # aliased as `rope_scaling`; older versions keep rope_theta separately.
+        params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+        if "rope_theta" not in params and getattr(config, "rope_theta", None) is not None:
+            params["rope_theta"] = config.rope_theta
+        params.update(llama3)
+        if hasattr(config, "rope_parameters"):
             config.rope_parameters = params
+        else:
+            config.rope_scaling = params
+        print(f"rope parameters: {params}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, gguf_file=model_file, config=config, dtype=torch.float32
     )
