@@ -6,6 +6,7 @@ crates/tokenizer/tests/fixtures/:
   smollm2_ids.json   SmolLM2 ids: transformers' tokenizer loaded from the GGUF (gguf_file=), with
                      SmolLM's Digits pre-tokenizer restored (see below)
   llama3_ids.json    Llama 3.2 ids: tokenizers.Tokenizer.from_file(tokenizer.json)
+  pretok_splits.json GPT-2 / Qwen2 regex splits (tokenizers' Split pre-tokenizer)
   templates.json     apply_chat_template renders (SmolLM2's template and Llama 3.2's)
 
 For each vocabulary: "special" = encode(add_special_tokens=False) with special-token strings
@@ -116,6 +117,20 @@ def main():
     llama = Tokenizer.from_file(args.llama3)
     with open(os.path.join(OUT, "llama3_ids.json"), "w") as f:
         json.dump(ids_for(llama, strings), f, separators=(",", ":"))
+
+    # Pre-tokenizer splits for the regexes without a real vocabulary in the tests (GPT-2, Qwen2).
+    from tokenizers import Regex
+
+    regexes = {
+        "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+        "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    }
+    splits = {}
+    for name, rx in regexes.items():
+        split = pre_tokenizers.Split(Regex(rx), behavior="isolated")
+        splits[name] = [[w for w, _ in split.pre_tokenize_str(s)] for s in strings]
+    with open(os.path.join(OUT, "pretok_splits.json"), "w", encoding="utf-8") as f:
+        json.dump(splits, f, ensure_ascii=False, separators=(",", ":"))
 
     # Chat templates.
     llama_tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(args.llama3_config)))

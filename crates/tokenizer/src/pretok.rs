@@ -9,6 +9,15 @@
 use crate::spec::PreTokenizer;
 use crate::unicode::{Class, class};
 
+impl PreTokenizer {
+    /// Split text into pre-tokenizer words (for inspection and tests; encoding reuses buffers).
+    pub fn split(self, text: &str) -> Vec<&str> {
+        let mut ranges = Vec::new();
+        Splitter::default().split(self, text, &mut ranges);
+        ranges.iter().map(|&(a, b)| &text[a..b]).collect()
+    }
+}
+
 /// Reusable buffers for splitting (one per encode call).
 #[derive(Default)]
 pub(crate) struct Splitter {
