@@ -4,7 +4,10 @@
 //! the last-level cache (decode streams weights from DRAM).
 //!
 //! `cargo bench -p damascus-kernels --bench gemv -- [-t 1,2] [--types q4_k,q6_k]
-//!  [--reps 20] [--mb 640 | --mats 8] [--n 3072] [--k 8192] [--attn N_KV]`
+//!  [--reps 20] [--mb 640 | --mats 8] [--n 3072] [--k 8192] [--attn N_KV]
+//!  [--isa scalar,avx2,avx512,vnni]`
+//!
+//! `DAMASCUS_PREFETCH=<bytes>` sets the kernels' software-prefetch distance.
 //!
 //! `--mb` sets the total size of the distinct matrices cycled through (make it
 //! well above the last-level cache to measure DRAM streaming); `--mats 1` with
@@ -25,6 +28,7 @@ struct Opts {
     mats: usize,
     mb: usize,
     attn: usize,
+    isas: Vec<Isa>,
     n: usize,
     k: usize,
 }
@@ -42,6 +46,7 @@ fn parse() -> Opts {
         mats: 0,
         mb: 640,
         attn: 0,
+        isas: vec![Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni],
         n: 3072,
         k: 8192,
     };
@@ -65,6 +70,7 @@ fn parse() -> Opts {
             "--mats" => o.mats = v.parse().unwrap_or(o.mats),
             "--mb" => o.mb = v.parse().unwrap_or(o.mb),
             "--attn" => o.attn = v.parse().unwrap_or(o.attn),
+            "--isa" => o.isas = v.split(',').filter_map(|s| s.parse().ok()).collect(),
             "--n" => o.n = v.parse().unwrap_or(o.n),
             "--k" => o.k = v.parse().unwrap_or(o.k),
             _ => {
@@ -120,7 +126,7 @@ fn main() {
         acts.quantize(&x).expect("quantize");
         let q_us = q0.elapsed().as_secs_f64() * 1e6;
         let mut out = vec![0f32; o.n];
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni] {
+        for &isa in &o.isas {
             let Some(kern) = kernels_for(isa) else {
                 eprintln!("skip {}: not available on this CPU", isa.name());
                 continue;

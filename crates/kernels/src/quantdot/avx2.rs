@@ -87,6 +87,23 @@ pub(super) unsafe fn f16_at_end(p: *const u8) -> f32 {
     }
 }
 
+/// Prefetches the `len` bytes starting `dist` bytes past `p` into L1, one
+/// line at a time (no-op when `dist == 0`). Prefetches never fault, and the
+/// address is formed with wrapping arithmetic, so any `p` is fine.
+#[inline(always)]
+pub(super) unsafe fn prefetch(p: *const u8, dist: usize, len: usize) {
+    if dist == 0 {
+        return;
+    }
+    let mut off = 0;
+    while off < len {
+        // SAFETY: a prefetch is only a hint; it never faults or reads into
+        // the program's state.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist + off) as *const i8) };
+        off += 64;
+    }
+}
+
 /// Horizontal sum of 8 f32.
 #[inline(always)]
 pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
@@ -136,6 +153,7 @@ pub(super) unsafe fn scales_mins_k4(p: *const u8) -> __m128i {
 unsafe fn dot_k4<const FIVE: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let bb = if FIVE { 176 } else { 144 };
     let nb = a.len().min(w.len() / bb);
+    let pf = super::prefetch_distance();
     // SAFETY: block i spans w[i*bb..(i+1)*bb] with i < nb ≤ w.len()/bb; all
     // loads below stay inside that block or inside `a[i]`. CPU features are
     // the caller's contract.
@@ -146,6 +164,7 @@ unsafe fn dot_k4<const FIVE: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc_m = _mm_setzero_ps();
         for i in 0..nb {
             let b = w.as_ptr().add(i * bb);
+            prefetch(b, pf, bb);
             let y = a.get_unchecked(i);
             let d = y.d * f16_at(b);
             let dmin = -y.d * f16_at(b.add(2));
@@ -219,6 +238,7 @@ pub unsafe fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let nb = a.len().min(w.len() / 210);
+    let pf = super::prefetch_distance();
     // SAFETY: block i spans w[i*210..(i+1)*210], i < nb; every load is inside
     // it (ql 0..128, qh 128..192, scales 192..208, d 208..210) or inside a[i].
     unsafe {
@@ -227,6 +247,7 @@ pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for i in 0..nb {
             let b = w.as_ptr().add(i * 210);
+            prefetch(b, pf, 210);
             let y = a.get_unchecked(i);
             let d = y.d * f16_at_end(b.add(208));
             let q8 = y.qs.as_ptr() as *const u8;
@@ -312,11 +333,13 @@ unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     let nb = a.len().min(w.len() / 34);
+    let pf = super::prefetch_distance();
     // SAFETY: block i = w[i*34..(i+1)*34], i < nb; loads of 2 + 32 bytes.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 34);
+            prefetch(b, pf, 34);
             let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let p = dot_i8(load(b.add(2)), load(y.qs.as_ptr() as *const u8));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
@@ -332,12 +355,14 @@ pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     let nb = a.len().min(w.len() / 18);
+    let pf = super::prefetch_distance();
     // SAFETY: block i = w[i*18..(i+1)*18], i < nb; loads of 2 + 16 bytes.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let off = _mm256_set1_epi8(8);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 18);
+            prefetch(b, pf, 18);
             let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let q = _mm256_sub_epi8(nibbles32(b.add(2)), off);
             let p = dot_i8(q, load(y.qs.as_ptr() as *const u8));
@@ -354,6 +379,7 @@ pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
     let nb = a.len().min(w.len() / 20);
+    let pf = super::prefetch_distance();
     // SAFETY: block i = w[i*20..(i+1)*20], i < nb; loads of 4 + 16 bytes.
     unsafe {
         let mut acc = _mm256_setzero_ps();
@@ -361,6 +387,7 @@ pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
         let ones = _mm256_set1_epi16(1);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 20);
+            prefetch(b, pf, 20);
             let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             summs += f16_at(b.add(2)) * f16_at(core::ptr::from_ref(y).cast::<u8>().add(2));
             let q = nibbles32(b.add(4));
@@ -381,12 +408,14 @@ pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     let nb = a.len().min(w.len() / 22);
+    let pf = super::prefetch_distance();
     // SAFETY: block i = w[i*22..(i+1)*22], i < nb; loads of 2 + 4 + 16 bytes.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let hi = _mm256_set1_epi8(0xF0u8 as i8);
         for (i, y) in a[..nb].iter().enumerate() {
             let b = w.as_ptr().add(i * 22);
+            prefetch(b, pf, 22);
             let d = f16_at(b) * f16_at(core::ptr::from_ref(y).cast::<u8>());
             let qh = (b.add(2) as *const u32).read_unaligned();
             // q | 0xF0 == q - 16 (mod 256) where the 5th bit is clear.

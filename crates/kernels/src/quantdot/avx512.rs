@@ -104,6 +104,7 @@ unsafe fn dot_u8i8<const VNNI: bool>(u: __m512i, s: __m512i) -> __m512i {
 unsafe fn k4_body<const FIVE: bool, const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let bb = if FIVE { 176 } else { 144 };
     let nb = a.len().min(w.len() / bb);
+    let pf = super::prefetch_distance();
     // SAFETY: block i spans w[i*bb..(i+1)*bb], i < nb; the 64-byte qs loads
     // cover qs[0..128] within the block; q8 loads stay within a[i].qs.
     unsafe {
@@ -113,6 +114,7 @@ unsafe fn k4_body<const FIVE: bool, const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) 
         let mut acc_m = _mm_setzero_ps();
         for i in 0..nb {
             let b = w.as_ptr().add(i * bb);
+            avx2::prefetch(b, pf, bb);
             let y = a.get_unchecked(i);
             let d = y.d * f16_at(b);
             let dmin = -y.d * f16_at(b.add(2));
@@ -162,6 +164,7 @@ unsafe fn k4_body<const FIVE: bool, const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) 
 #[inline(always)]
 unsafe fn q6k_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let nb = a.len().min(w.len() / 210);
+    let pf = super::prefetch_distance();
     // SAFETY: block i spans w[i*210..(i+1)*210], i < nb: ql loads 64n..64n+64,
     // qh loads 128+32n..+32, scales 192..208, d 208..210; q8 loads within a[i].
     unsafe {
@@ -170,6 +173,7 @@ unsafe fn q6k_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm512_setzero_ps();
         for i in 0..nb {
             let b = w.as_ptr().add(i * 210);
+            avx2::prefetch(b, pf, 210);
             let y = a.get_unchecked(i);
             let d = y.d * f16_at_end(b.add(208));
             let q8 = y.qs.as_ptr() as *const u8;
@@ -229,6 +233,7 @@ unsafe fn legacy_body<const VNNI: bool>(kind: Legacy, w: &[u8], a: &[BlockQ8_0])
         Legacy::Q5_0 => 22,
     };
     let nb = a.len().min(w.len() / bb);
+    let pf = super::prefetch_distance();
     let pairs = nb / 2;
     // SAFETY: blocks 2p and 2p+1 < nb lie inside w and a; loads are within
     // them (Q8_0: 2 + 32 bytes, Q4_0: 2 + 16, Q5_0: 2 + 4 + 16).
@@ -237,6 +242,7 @@ unsafe fn legacy_body<const VNNI: bool>(kind: Legacy, w: &[u8], a: &[BlockQ8_0])
         let zero = _mm512_setzero_si512();
         for p in 0..pairs {
             let b0 = w.as_ptr().add(2 * p * bb);
+            avx2::prefetch(b0, pf, 2 * bb);
             let b1 = b0.add(bb);
             let (y0, y1) = (a.get_unchecked(2 * p), a.get_unchecked(2 * p + 1));
             let ya = load2x256(y0.qs.as_ptr() as *const u8, y1.qs.as_ptr() as *const u8);
@@ -299,6 +305,7 @@ unsafe fn legacy_body<const VNNI: bool>(kind: Legacy, w: &[u8], a: &[BlockQ8_0])
 #[inline(always)]
 unsafe fn q4_1_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8_1]) -> f32 {
     let nb = a.len().min(w.len() / 20);
+    let pf = super::prefetch_distance();
     let pairs = nb / 2;
     // SAFETY: blocks 2p, 2p+1 < nb lie inside w and a; loads of 4 + 16 bytes.
     unsafe {
@@ -306,6 +313,7 @@ unsafe fn q4_1_body<const VNNI: bool>(w: &[u8], a: &[BlockQ8_1]) -> f32 {
         let mut summs = 0f32;
         for p in 0..pairs {
             let b0 = w.as_ptr().add(2 * p * 20);
+            avx2::prefetch(b0, pf, 2 * 20);
             let b1 = b0.add(20);
             let (y0, y1) = (a.get_unchecked(2 * p), a.get_unchecked(2 * p + 1));
             let ya = load2x256(y0.qs.as_ptr() as *const u8, y1.qs.as_ptr() as *const u8);

@@ -202,6 +202,22 @@ pub enum KernelError {
     },
 }
 
+/// Default software-prefetch distance (bytes ahead in the weight stream).
+pub const DEFAULT_PREFETCH: usize = 1024;
+
+/// Software-prefetch distance in bytes used by the SIMD kernels while they
+/// stream weights: `DAMASCUS_PREFETCH` (0 = off) or [`DEFAULT_PREFETCH`],
+/// read once.
+pub fn prefetch_distance() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("DAMASCUS_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PREFETCH)
+    })
+}
+
 /// f16 bits to f32 (portable; the SIMD kernels use F16C).
 #[inline]
 pub fn f16_to_f32(bits: u16) -> f32 {
