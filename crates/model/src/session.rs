@@ -114,8 +114,23 @@ impl Model {
         Self::from_file(file, opts)
     }
 
-    /// Loads an already opened GGUF file.
+    /// Loads an already opened GGUF file on the backend `opts.backend` selects.
     pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
+        // Only the reference backend exists so far; `Auto` will pick the fast CPU or CUDA one.
+        match opts.backend {
+            BackendKind::Auto | BackendKind::Reference => {
+                Self::with_backend(file, opts, ReferenceBackend)
+            }
+        }
+    }
+
+    /// Loads an already opened GGUF file on an explicit backend (`opts.backend` is ignored):
+    /// how new backends are plugged in and tested against the reference.
+    pub fn with_backend<B: Backend>(
+        file: Arc<GgufFile>,
+        opts: &LoadOptions,
+        backend: B,
+    ) -> Result<Model, ModelError> {
         let config = LlamaConfig::from_gguf(&file)?;
         config.check_tensors(&file)?;
         let params = crate::params::from_config(&config)?;
@@ -130,14 +145,8 @@ impl Model {
             Some(n) => n,
             None => DEFAULT_N_CTX.min(config.n_ctx_train as usize).max(1),
         };
-        // Only the reference backend exists so far; `Auto` will pick the fast CPU or CUDA one.
-        let engine: Box<dyn Engine> = match opts.backend {
-            BackendKind::Auto | BackendKind::Reference => Box::new(Arc::new(Decoder::load(
-                ReferenceBackend,
-                &file,
-                params.clone(),
-            )?)),
-        };
+        let decoder = Decoder::load(backend, &file, params.clone())?;
+        let engine: Box<dyn Engine> = Box::new(Arc::new(decoder));
         Ok(Model {
             file,
             config,

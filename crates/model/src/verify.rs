@@ -285,3 +285,89 @@ pub fn verify(model: &Model, fixture: &Fixture) -> Result<Report, ModelError> {
         top5,
     })
 }
+
+/// Agreement of two models (typically the same file on a new backend and on the reference):
+/// per hidden-state slot, the smallest cosine and largest absolute difference over every
+/// position, and the same for the last position's logits.
+#[derive(Clone, Debug)]
+pub struct BackendDiff {
+    /// One entry per hidden-state slot.
+    pub slots: Vec<SlotDiff>,
+    /// Cosine of the two `[n_vocab]` logit vectors.
+    pub logits_cosine: f64,
+    /// Largest absolute logit difference.
+    pub logits_max_abs: f64,
+    /// Whether both pick the same most likely token.
+    pub same_top1: bool,
+}
+
+/// Runs `ids` through `a` and `b` (fresh sessions) and compares every hidden state and the
+/// final logits: how each faster backend is checked against the reference.
+pub fn compare_models(a: &Model, b: &Model, ids: &[u32]) -> Result<BackendDiff, ModelError> {
+    let capture = |m: &Model| -> Result<(Vec<Vec<f32>>, Vec<f32>), ModelError> {
+        let mut slots: Vec<Vec<f32>> = Vec::new();
+        let logits = m.session()?.eval_with_hook(ids, &mut |h| {
+            if slots.len() <= h.slot {
+                slots.resize(h.slot + 1, Vec::new());
+            }
+            slots[h.slot] = h.data.to_vec();
+        })?;
+        Ok((slots, logits))
+    };
+    let (sa, la) = capture(a)?;
+    let (sb, lb) = capture(b)?;
+    if sa.len() != sb.len() || la.len() != lb.len() {
+        return Err(ModelError::Tensor {
+            what: format!(
+                "models differ in shape: {} vs {} hidden slots, {} vs {} logits",
+                sa.len(),
+                sb.len(),
+                la.len(),
+                lb.len()
+            ),
+        });
+    }
+    let n_slots = sa.len();
+    let slots = sa
+        .iter()
+        .zip(&sb)
+        .enumerate()
+        .map(|(slot, (x, y))| {
+            let n = x.len() / ids.len().max(1);
+            // Smallest per-position cosine, so one bad row cannot hide in the average.
+            let (mut cosine, mut max_abs) = (f64::INFINITY, 0f64);
+            for (rx, ry) in x.chunks(n.max(1)).zip(y.chunks(n.max(1))) {
+                let (c, m) = compare(rx, ry);
+                cosine = cosine.min(c);
+                max_abs = max_abs.max(m);
+            }
+            let label = match slot {
+                0 => "embd".to_string(),
+                s if s == n_slots - 1 => "output_norm".to_string(),
+                s => format!("layer {}", s - 1),
+            };
+            SlotDiff {
+                slot,
+                label,
+                cosine,
+                max_abs,
+            }
+        })
+        .collect();
+    let (logits_cosine, logits_max_abs) = compare(&la, &lb);
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            )
+            .0
+    };
+    Ok(BackendDiff {
+        slots,
+        logits_cosine,
+        logits_max_abs,
+        same_top1: argmax(&la) == argmax(&lb),
+    })
+}

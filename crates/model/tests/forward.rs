@@ -189,3 +189,29 @@ fn synthetic_3b_when_requested() {
         .fold(0f32, f32::max);
     assert!(max_diff < 1e-2, "prefill vs decode differ by {max_diff}");
 }
+
+#[test]
+fn backend_comparison_harness_sees_identical_models() {
+    // The harness later backends are checked with: the reference against itself is exact.
+    let path = damascus_hub::default_model_path().unwrap();
+    let file = std::sync::Arc::new(damascus_gguf::GgufFile::open(&path).unwrap());
+    let opts = LoadOptions {
+        n_ctx: Some(8),
+        ..Default::default()
+    };
+    let other = Model::with_backend(
+        file,
+        &opts,
+        damascus_model::backend::reference::ReferenceBackend,
+    )
+    .unwrap();
+    let diff = damascus_model::verify::compare_models(model(), &other, &[504, 3575, 282]).unwrap();
+    assert_eq!(diff.slots.len(), model().params().n_layer + 2);
+    assert!(
+        diff.slots
+            .iter()
+            .all(|s| s.max_abs == 0.0 && s.cosine > 0.999_999)
+    );
+    assert_eq!(diff.logits_max_abs, 0.0);
+    assert!(diff.same_top1);
+}
