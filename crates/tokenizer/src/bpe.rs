@@ -56,6 +56,9 @@ pub(crate) fn char_to_byte(c: char) -> Option<u8> {
     }
 }
 
+/// Longer words are not cached (they are rare and would bloat the cache).
+const MAX_CACHED_WORD: usize = 256;
+
 /// Most words seen so far; cleared when full so memory stays bounded.
 const CACHE_CAP: usize = 1 << 16;
 
@@ -99,7 +102,8 @@ pub(crate) struct BpeScratch {
 impl BytePairModel {
     /// Compile from the token strings and `"left right"` merges.
     pub(crate) fn new(tokens: &[String], merges: &[String], ignore_merges: bool) -> Result<Self> {
-        let mut vocab: HashMap<String, u32, FxBuild> = HashMap::default();
+        let mut vocab: HashMap<String, u32, FxBuild> =
+            HashMap::with_capacity_and_hasher(tokens.len(), FxBuild::default());
         for (i, t) in tokens.iter().enumerate() {
             // First id wins for duplicate strings (as in HF and llama.cpp).
             vocab.entry(t.clone()).or_insert(i as u32);
@@ -167,14 +171,20 @@ impl BytePairModel {
             }
             return;
         }
-        if let Ok(cache) = self.cache.lock() {
-            if let Some(ids) = cache.get(word) {
-                out.extend_from_slice(ids);
-                return;
+        let cacheable = word.len() <= MAX_CACHED_WORD;
+        if cacheable {
+            if let Ok(cache) = self.cache.lock() {
+                if let Some(ids) = cache.get(word) {
+                    out.extend_from_slice(ids);
+                    return;
+                }
             }
         }
         let start = out.len();
         self.encode_uncached(word, scratch, out);
+        if !cacheable {
+            return;
+        }
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= CACHE_CAP {
                 cache.clear();

@@ -185,7 +185,9 @@ fn llama3_next(c: &[(char, Class)], i: usize, max_digits: usize) -> usize {
     }
     // \p{N}{1,3}
     if k == Class::Number {
-        return run(c, i, Class::Number).min(i + max_digits);
+        // Bounded scan: scanning the whole run each time would be quadratic in long digit runs.
+        let end = c.len().min(i + max_digits);
+        return (i..end).find(|&j| c[j].1 != Class::Number).unwrap_or(end);
     }
     //  ?[^\s\p{L}\p{N}]+[\r\n]*
     let other_start = if k == Class::Other {

@@ -192,3 +192,34 @@ fn invalid_ids_are_errors_not_panics() {
             .is_err()
     );
 }
+
+#[test]
+fn long_pathological_inputs_are_fast_and_exact() {
+    let spm = spm();
+    let inputs = [
+        "a".repeat(200_000),
+        " ".repeat(100_000),
+        "1".repeat(100_000),
+        "\r\n".repeat(50_000),
+        "😀".repeat(30_000),
+        "ab ".repeat(50_000),
+    ];
+    let all = byte_level()
+        .iter()
+        .map(|(n, t)| (*n, t))
+        .chain([("spm", &spm)]);
+    for (name, tok) in all {
+        for s in &inputs {
+            let t = std::time::Instant::now();
+            let ids = tok.encode(s, false, false);
+            let took = t.elapsed();
+            assert_eq!(&tok.decode(&ids, false).unwrap(), s, "{name}");
+            // Generous bound for a loaded 2-core CI box; quadratic merging would take minutes.
+            assert!(
+                took.as_secs() < 10,
+                "{name}: {} bytes took {took:?}",
+                s.len()
+            );
+        }
+    }
+}
