@@ -33,7 +33,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let allow = flag("--allow-requantize").is_some();
-    let threads = flag("--threads").map_or(Ok(damascus_convert::default_threads()), |s| s.parse())?;
+    let threads =
+        flag("--threads").map_or(Ok(damascus_convert::default_threads()), |s| s.parse())?;
     let shape = flag("--shape");
     let tokenizer = flag("--tokenizer");
     let ftype = flag("--type").unwrap_or_else(|| "Q4_K_M".into());

@@ -72,7 +72,12 @@ pub fn model_info(file: &GgufFile) -> Result<ModelInfo, ConvertError> {
                 .as_u64()
                 .and_then(|x| u32::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| meta_err(&key, format!("expected u32, found {}", v.type_description()))),
+                .ok_or_else(|| {
+                    meta_err(
+                        &key,
+                        format!("expected u32, found {}", v.type_description()),
+                    )
+                }),
         }
     };
     let n_layer = u32_key(keys::BLOCK_COUNT)?
@@ -166,7 +171,8 @@ pub fn quantize_file(
             keys::SPLIT_TENSORS_COUNT,
         ];
         if !skip.contains(&key) {
-            w.add_metadata(key, value.clone()).map_err(gguf_err(output))?;
+            w.add_metadata(key, value.clone())
+                .map_err(gguf_err(output))?;
         }
     }
     w.add_metadata(

@@ -29,31 +29,67 @@ impl SplitMix64 {
         mix(self.state)
     }
 
-    /// Uniform in the open interval (0, 1), 53 bits of precision.
-    pub fn next_open01(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
-    }
-
     /// Fill `out` with N(mean, std²) samples (Box–Muller, both outputs of each pair used).
+    ///
+    /// Only IEEE f32 `+ - * /` and `sqrt` are used (our own `ln` and `sincos` polynomials, no
+    /// platform libm), so the values are bit-identical on every platform.
     pub fn fill_normal(&mut self, out: &mut [f32], mean: f32, std: f32) {
         let mut chunks = out.chunks_exact_mut(2);
         for pair in &mut chunks {
             let (z0, z1) = self.normal_pair();
-            pair[0] = mean + std * z0 as f32;
-            pair[1] = mean + std * z1 as f32;
+            pair[0] = mean + std * z0;
+            pair[1] = mean + std * z1;
         }
         if let [last] = chunks.into_remainder() {
-            *last = mean + std * self.normal_pair().0 as f32;
+            *last = mean + std * self.normal_pair().0;
         }
     }
 
-    /// Two independent standard normal samples.
-    fn normal_pair(&mut self) -> (f64, f64) {
-        let u1 = self.next_open01();
-        let u2 = self.next_open01();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+    /// Two independent standard normal samples from one 64-bit draw.
+    fn normal_pair(&mut self) -> (f32, f32) {
+        let bits = self.next_u64();
+        // u1 in (0, 1]: 24 bits; u2 in [0, 1): 24 other bits.
+        let u1 = ((bits >> 40) + 1) as f32 * (1.0 / (1u32 << 24) as f32);
+        let u2 = ((bits >> 8) & 0xFF_FFFF) as f32 * (1.0 / (1u32 << 24) as f32);
+        let r = (-2.0 * ln(u1)).sqrt();
+        let (s, c) = sincos_turns(u2);
         (r * c, r * s)
+    }
+}
+
+/// Natural log of `x` in (0, 1], |error| < 1e-6: `x = m·2^e` with m in [√½, √2), then
+/// `ln m = 2·atanh((m-1)/(m+1))` by its odd series.
+fn ln(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xFF) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007F_FFFF) | 0x3F80_0000); // [1, 2)
+    if m > std::f32::consts::SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let series =
+        s * (2.0 + s2 * (2.0 / 3.0 + s2 * (2.0 / 5.0 + s2 * (2.0 / 7.0 + s2 * (2.0 / 9.0)))));
+    e as f32 * std::f32::consts::LN_2 + series
+}
+
+/// `(sin 2πt, cos 2πt)` for t in [0, 1), |error| < 1e-6: reduce to an octant, then Taylor
+/// polynomials on |θ| ≤ π/4.
+fn sincos_turns(t: f32) -> (f32, f32) {
+    // Quarter turns: q in 0..4, f in [-0.5, 0.5) quarter turns around it.
+    let x = t * 4.0;
+    let q = (x + 0.5) as i32; // round to nearest quarter (x >= 0)
+    let f = x - q as f32;
+    let th = f * std::f32::consts::FRAC_PI_2; // |th| <= π/4
+    let t2 = th * th;
+    let sin = th * (1.0 - t2 / 6.0 * (1.0 - t2 / 20.0 * (1.0 - t2 / 42.0 * (1.0 - t2 / 72.0))));
+    let cos = 1.0 - t2 / 2.0 * (1.0 - t2 / 12.0 * (1.0 - t2 / 30.0 * (1.0 - t2 / 56.0)));
+    match q & 3 {
+        0 => (sin, cos),
+        1 => (cos, -sin),
+        2 => (-sin, -cos),
+        _ => (-cos, sin),
     }
 }
 
@@ -83,10 +119,29 @@ mod tests {
         r.fill_normal(&mut v, 0.0, 0.02);
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         assert!(mean.abs() < 2e-4, "mean {mean}");
         assert!((var.sqrt() - 0.02).abs() < 2e-4, "std {}", var.sqrt());
         assert!(v.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn ln_and_sincos_are_accurate() {
+        for k in 1..=10_000u32 {
+            let x = k as f32 / 10_000.0;
+            assert!(
+                (f64::from(ln(x)) - f64::from(x).ln()).abs() < 2e-6,
+                "ln {x}"
+            );
+            let (s, c) = sincos_turns(x - 1e-4);
+            let th = std::f64::consts::TAU * f64::from(x - 1e-4);
+            assert!((f64::from(s) - th.sin()).abs() < 2e-6, "sin {x}");
+            assert!((f64::from(c) - th.cos()).abs() < 2e-6, "cos {x}");
+        }
     }
 
     #[test]

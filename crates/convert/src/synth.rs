@@ -140,7 +140,11 @@ impl Shape {
         let kv = u64::from(self.n_head_kv) * hd;
         let mut v = vec![
             (tn::ROPE_FREQS.to_string(), vec![hd / 2], Kind::RopeFreqs),
-            (tn::TOKEN_EMBD.to_string(), vec![e, self.n_vocab], Kind::Matrix),
+            (
+                tn::TOKEN_EMBD.to_string(),
+                vec![e, self.n_vocab],
+                Kind::Matrix,
+            ),
         ];
         for l in 0..self.n_layer as usize {
             v.push((tn::blk(l, tn::ATTN_NORM), vec![e], Kind::Norm));
@@ -170,7 +174,10 @@ impl Shape {
             (k(keys::ATTENTION_HEAD_COUNT), Value::U32(self.n_head)),
             (k(keys::ATTENTION_HEAD_COUNT_KV), Value::U32(self.n_head_kv)),
             (k(keys::ROPE_FREQ_BASE), Value::F32(self.rope_theta)),
-            (k(keys::ATTENTION_LAYERNORM_RMS_EPS), Value::F32(self.rms_eps)),
+            (
+                k(keys::ATTENTION_LAYERNORM_RMS_EPS),
+                Value::F32(self.rms_eps),
+            ),
             (k(keys::ATTENTION_KEY_LENGTH), Value::U32(hd)),
             (k(keys::ATTENTION_VALUE_LENGTH), Value::U32(hd)),
             (k(keys::ROPE_DIMENSION_COUNT), Value::U32(hd)),
@@ -309,7 +316,10 @@ pub fn synth_model(
         (keys::DAMASCUS_SYNTH_SEED.into(), Value::U64(opts.seed)),
     ];
     md.extend(shape.arch_metadata());
-    md.push((keys::GENERAL_FILE_TYPE.into(), Value::U32(opts.mix.ftype_id())));
+    md.push((
+        keys::GENERAL_FILE_TYPE.into(),
+        Value::U32(opts.mix.ftype_id()),
+    ));
     md.extend(vocab.metadata(LLAMA3_SPECIAL, LLAMA3_CHAT_TEMPLATE));
     md.push((
         keys::GENERAL_QUANTIZATION_VERSION.into(),
@@ -389,7 +399,11 @@ mod tests {
     #[test]
     fn shapes_have_expected_sizes() {
         let s = Shape::by_name("llama-3.2-3b").unwrap();
-        let n: u64 = s.tensors().iter().map(|(_, d, _)| d.iter().product::<u64>()).sum();
+        let n: u64 = s
+            .tensors()
+            .iter()
+            .map(|(_, d, _)| d.iter().product::<u64>())
+            .sum();
         // Llama 3.2 3B has 3.21 B parameters (tied embeddings) plus 64 rope factors.
         assert_eq!(n, 3_212_749_888);
         let t = Shape::by_name("tiny-llama3").unwrap();

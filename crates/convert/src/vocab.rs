@@ -163,7 +163,10 @@ impl Vocab {
             (keys::TOKENIZER_EOS_ID.into(), Value::U32(special.eos)),
             (keys::TOKENIZER_PAD_ID.into(), Value::U32(special.pad)),
             (keys::TOKENIZER_ADD_BOS.into(), Value::Bool(true)),
-            (keys::TOKENIZER_CHAT_TEMPLATE.into(), Value::from(chat_template)),
+            (
+                keys::TOKENIZER_CHAT_TEMPLATE.into(),
+                Value::from(chat_template),
+            ),
         ]
     }
 }

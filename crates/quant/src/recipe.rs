@@ -127,17 +127,26 @@ impl Mix {
         let upper = name.to_ascii_uppercase();
         let bare = upper.strip_prefix("MOSTLY_").unwrap_or(&upper);
         let bare = if bare == "ALL_F32" { "F32" } else { bare };
-        MIXES.iter().find(|(_, _, n)| *n == bare).map(|&(m, _, _)| m)
+        MIXES
+            .iter()
+            .find(|(_, _, n)| *n == bare)
+            .map(|&(m, _, _)| m)
     }
 
     /// The llama.cpp ftype id, written to `general.file_type`.
     pub fn ftype_id(self) -> u32 {
-        MIXES.iter().find(|(m, _, _)| *m == self).map_or(0, |&(_, i, _)| i)
+        MIXES
+            .iter()
+            .find(|(m, _, _)| *m == self)
+            .map_or(0, |&(_, i, _)| i)
     }
 
     /// Name as llama-quantize spells it ("Q4_K_M").
     pub fn name(self) -> &'static str {
-        MIXES.iter().find(|(m, _, _)| *m == self).map_or("?", |&(_, _, n)| n)
+        MIXES
+            .iter()
+            .find(|(m, _, _)| *m == self)
+            .map_or("?", |&(_, _, n)| n)
     }
 
     /// All supported mixes, in ftype-id order.
@@ -211,7 +220,10 @@ impl Category {
 
     /// attn_v-like tensors (more sensitive to quantization).
     fn is_attn_v(self) -> bool {
-        matches!(self, Category::AttnV | Category::AttnQkv | Category::AttnKvB)
+        matches!(
+            self,
+            Category::AttnV | Category::AttnQkv | Category::AttnKvB
+        )
     }
 }
 
@@ -232,11 +244,7 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     fn n_gqa(&self) -> u32 {
-        if self.n_head_kv == 0 {
-            0
-        } else {
-            self.n_head / self.n_head_kv
-        }
+        self.n_head.checked_div(self.n_head_kv).unwrap_or(0)
     }
 
     fn is_falcon(&self) -> bool {
@@ -495,11 +503,7 @@ impl State<'_> {
             let (i, n) = self.layer_info(self.i_ffn_down, self.n_ffn_down, name)?;
             match mix {
                 M::Q2_K => t = G::Q3_K,
-                M::Q2_K_S => {
-                    if i < n / 8 {
-                        t = G::Q4_K;
-                    }
-                }
+                M::Q2_K_S if i < n / 8 => t = G::Q4_K,
                 M::Q3_K_M => {
                     t = if i < n / 16 {
                         G::Q5_K

@@ -38,8 +38,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mix = super::quantize::parse_mix(&args.file_type)?;
     let tokenizer = match args.tokenizer {
         Some(p) => p,
-        None => damascus_hub::llama3_tokenizer_json()
-            .context("fetching the Llama 3.2 tokenizer.json (pass --tokenizer to use a local one)")?,
+        None => damascus_hub::llama3_tokenizer_json().context(
+            "fetching the Llama 3.2 tokenizer.json (pass --tokenizer to use a local one)",
+        )?,
     };
     let threads = args
         .threads

@@ -90,9 +90,21 @@ fn q4_k_m_llama_3b_shape() {
     assert_eq!(type_of(&r, "output_norm.weight"), G::F32);
     assert_eq!(type_of(&r, "rope_freqs.weight"), G::F32);
     for l in 0..28i64 {
-        let want = if use_more_bits(l, 28) { G::Q6_K } else { G::Q4_K };
-        assert_eq!(type_of(&r, &format!("blk.{l}.attn_v.weight")), want, "layer {l}");
-        assert_eq!(type_of(&r, &format!("blk.{l}.ffn_down.weight")), want, "layer {l}");
+        let want = if use_more_bits(l, 28) {
+            G::Q6_K
+        } else {
+            G::Q4_K
+        };
+        assert_eq!(
+            type_of(&r, &format!("blk.{l}.attn_v.weight")),
+            want,
+            "layer {l}"
+        );
+        assert_eq!(
+            type_of(&r, &format!("blk.{l}.ffn_down.weight")),
+            want,
+            "layer {l}"
+        );
         for other in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
             assert_eq!(type_of(&r, &format!("blk.{l}.{other}.weight")), G::Q4_K);
         }
@@ -131,8 +143,16 @@ fn counters_follow_numeric_layer_order() {
     t.sort_by(|a, b| a.0.cmp(&b.0));
     let r = run(&m, Mix::Q5_K_M, &t, G::F16);
     for l in 0..12i64 {
-        let want = if use_more_bits(l, 12) { G::Q6_K } else { G::Q5_K };
-        assert_eq!(type_of(&r, &format!("blk.{l}.attn_v.weight")), want, "layer {l}");
+        let want = if use_more_bits(l, 12) {
+            G::Q6_K
+        } else {
+            G::Q5_K
+        };
+        assert_eq!(
+            type_of(&r, &format!("blk.{l}.attn_v.weight")),
+            want,
+            "layer {l}"
+        );
     }
 }
 
@@ -197,7 +217,11 @@ fn allows_quantization_rules() {
     assert!(!allows_quantization("blk.0.attn_q.bias", &[64, 64], &o));
     // A 2-D shape with a trailing 1 counts as 1-D.
     assert!(!allows_quantization("blk.0.attn_q.weight", &[64, 1], &o));
-    assert!(!allows_quantization("blk.0.ffn_gate_inp.weight", &[64, 8], &o));
+    assert!(!allows_quantization(
+        "blk.0.ffn_gate_inp.weight",
+        &[64, 8],
+        &o
+    ));
     let leave = RecipeOptions {
         leave_output_tensor: true,
         pure: false,
@@ -213,7 +237,10 @@ fn mix_names_and_ids() {
     assert_eq!(Mix::from_ftype_id(17), Ok(Mix::Q5_K_M));
     assert!(matches!(
         Mix::from_ftype_id(19),
-        Err(RecipeError::UnsupportedFileType { name: "IQ2_XXS", .. })
+        Err(RecipeError::UnsupportedFileType {
+            name: "IQ2_XXS",
+            ..
+        })
     ));
     for m in Mix::all() {
         assert_eq!(Mix::from_ftype_id(m.ftype_id()), Ok(m));
@@ -230,7 +257,10 @@ fn tensor_order_matches_llama_cpp() {
         "blk.2.attn_k.weight",
         "output_norm.weight",
     ];
-    let order: Vec<&str> = llama_tensor_order(&names).iter().map(|&i| names[i]).collect();
+    let order: Vec<&str> = llama_tensor_order(&names)
+        .iter()
+        .map(|&i| names[i])
+        .collect();
     assert_eq!(
         order,
         vec![
