@@ -3,7 +3,17 @@
 //!
 //! Pipeline of [`Tokenizer::encode`]: optional BOS → split around special tokens (when special
 //! parsing is allowed) → per text fragment: pre-tokenizer splits ([`PreTokenizer`], byte-level
-//! BPE only) → BPE merges per word ([`bpe`]) or SentencePiece merges ([`spm`]) → optional EOS.
+//! BPE only) → BPE merges per word (`bpe.rs`) or SentencePiece merges (`spm.rs`) → optional EOS.
+//!
+//! Semantics worth knowing:
+//! - Special parsing (`parse_special`) matches both control and user-defined token strings,
+//!   leftmost-longest; without it they are plain text. HF's per-token `lstrip`/`rstrip`/
+//!   `single_word` flags are not modelled (none of the supported vocabularies set them).
+//! - Byte-level BPE bytes missing from the vocabulary are dropped, as HF does without `unk`.
+//! - `ignore_merges` (whole word looked up first) is on for `llama-bpe` from GGUF, as in
+//!   llama.cpp; from a `tokenizer.json` it follows the file.
+//! - SentencePiece adds its `▁` dummy prefix at the start of the text and after each special
+//!   token (llama.cpp's rule) and strips one leading space when decoding.
 //!
 //! Invariants: encoding never fails or panics on any `&str`; byte-level decoding is byte-exact
 //! (`decode(encode(x)) == x` when special parsing is off); the streaming decoder never emits a
