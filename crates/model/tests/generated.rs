@@ -131,3 +131,37 @@ fn tiny_llama3_q4_k_m_matches_hf() {
     });
     check(&path, &fx);
 }
+
+#[test]
+fn llama3_factors_match_the_synthetic_rope_freqs_tensor() {
+    // Our llama3 formula (used when only metadata declares the scaling) reproduces the
+    // `rope_freqs.weight` that ggml-style files carry.
+    let path = scratch("tiny-llama3.Q4_K_M.gguf");
+    if !path.exists() {
+        eprintln!(
+            "skipped: {} not generated yet (tiny_llama3_q4_k_m_matches_hf makes it)",
+            path.display()
+        );
+        return;
+    }
+    let file = damascus_gguf::GgufFile::open(&path).unwrap();
+    let info = file.tensor("rope_freqs.weight").expect("rope_freqs.weight");
+    let stored: Vec<f32> = file
+        .tensor_data(info)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let s = damascus_kernels::reference::RopeScalingLlama3 {
+        factor: 32.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_ctx: 8192.0,
+    };
+    let ours = damascus_kernels::reference::llama3_freq_factors(stored.len() * 2, 500_000.0, &s);
+    for (i, (a, b)) in ours.iter().zip(&stored).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "factor {i}: ours {a} vs file {b}"
+        );
+    }
+}
