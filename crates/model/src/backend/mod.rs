@@ -15,6 +15,7 @@
 //!
 //! Every backend is checked against [`reference::ReferenceBackend`], the scalar f32 oracle.
 
+pub mod cpu;
 pub mod reference;
 
 use damascus_kernels::reference::{AttnShape, RopeLayout};

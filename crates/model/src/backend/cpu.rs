@@ -1,0 +1,737 @@
+//! The fast CPU backend: weights stay in the memory mapping, activations are quantized once per
+//! matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the SIMD dot
+//! products of [`damascus_kernels::quantdot`] (ISA chosen once at run time), split over the
+//! kernels' persistent [`ThreadPool`]. The KV cache is f16, head-major, and decode attention uses
+//! [`attn_decode_f16`].
+//!
+//! Work split:
+//! * one token (decode): every matrix is split by rows across the threads; Q/K/V and gate/up
+//!   are fused into one fork/join each (gate/up with the SwiGLU applied in the same pass);
+//! * a prompt (prefill): split by tokens, each thread walking the weight rows once per tile of
+//!   [`TOKEN_TILE`] tokens so a row stays in L1 while it meets every token of the tile.
+//!
+//! Weight types without a dot-product kernel (F32, F16, BF16, Q5_1, Q2_K, Q3_K, ...) are
+//! dequantized one row at a time and dotted in f32, with the same work split.
+//!
+//! The model crate forbids `unsafe`: threads write disjoint output chunks handed out as
+//! `Mutex<&mut [f32]>` (one uncontended lock per thread per op).
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use damascus_gguf::GgmlType;
+use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
+use damascus_kernels::pool::{ThreadPool, physical_cores, split_range};
+use damascus_kernels::quantdot::{
+    self, ActType, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, DotKernels, Isa, QK, QK_K, WeightType,
+};
+use damascus_kernels::reference as k;
+use damascus_kernels::reference::AttnShape;
+use damascus_quant::dequantize_row;
+
+use super::reference::HostAct;
+use super::{Backend, KvShape, RopeParams};
+use crate::error::ModelError;
+use crate::tensor::FileTensor;
+
+/// Tokens per prefill tile: each weight row is read once per tile.
+pub const TOKEN_TILE: usize = 8;
+
+/// Output rows per scheduling unit in row splits (16 f32 = one cache line, so threads never
+/// share a line of the output).
+const ROW_ALIGN: usize = 16;
+
+/// The multithreaded SIMD CPU backend.
+pub struct CpuBackend {
+    pool: ThreadPool,
+    kern: &'static DotKernels,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("n_threads", &self.pool.n_threads())
+            .field("isa", &self.kern.isa())
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    /// A backend running on `n_threads` threads (`None`: one per physical core), with the
+    /// process-wide kernel table ([`quantdot::kernels`], honouring `DAMASCUS_ISA`).
+    pub fn new(n_threads: Option<usize>) -> CpuBackend {
+        let n = n_threads.filter(|&n| n > 0).unwrap_or_else(physical_cores);
+        CpuBackend {
+            pool: ThreadPool::new(n),
+            kern: quantdot::kernels(),
+        }
+    }
+
+    /// Threads taking part in each op (the caller included).
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// The kernel ISA level in use.
+    pub fn isa(&self) -> Isa {
+        self.kern.isa()
+    }
+}
+
+/// How a matrix is multiplied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MatKind {
+    /// Integer dot products against quantized activations.
+    Quant(WeightType),
+    /// Row-by-row dequantization and f32 dot products (types without a kernel).
+    Dequant,
+}
+
+/// A prepared weight matrix: a handle into the mapping plus its geometry.
+#[derive(Debug)]
+pub struct CpuMatrix {
+    tensor: FileTensor,
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    kind: MatKind,
+}
+
+/// The f16 KV cache of every layer, head-major so each thread streams whole heads.
+#[derive(Debug)]
+pub struct CpuKvCache {
+    shape: KvShape,
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (keys).
+    k: Vec<Vec<u16>>,
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (values).
+    v: Vec<Vec<u16>>,
+}
+
+fn check_len(op: &str, what: &str, found: usize, expected: usize) -> Result<(), ModelError> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(ModelError::Tensor {
+            what: format!("{op}: {what} has {found} elements, expected {expected}"),
+        })
+    }
+}
+
+fn kernel_err(what: &str, e: quantdot::KernelError) -> ModelError {
+    ModelError::Tensor {
+        what: format!("{what}: {e}"),
+    }
+}
+
+/// `data` cut into `nt` consecutive chunks of whole units (`unit` elements each), thread `t`
+/// getting `split_range(n_units, align, t, nt)`; each behind its own lock.
+fn split_mut<'a, T>(
+    data: &'a mut [T],
+    unit: usize,
+    align: usize,
+    nt: usize,
+) -> Vec<(Range<usize>, Mutex<&'a mut [T]>)> {
+    let n_units = data.len() / unit.max(1);
+    let mut rest = data;
+    let mut out = Vec::with_capacity(nt);
+    for t in 0..nt {
+        let r = split_range(n_units, align, t, nt);
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * unit);
+        rest = tail;
+        out.push((r, Mutex::new(head)));
+    }
+    out
+}
+
+/// Records the first error of a parallel region.
+#[derive(Default)]
+struct FirstError(Mutex<Option<ModelError>>);
+
+impl FirstError {
+    fn set(&self, e: ModelError) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert(e);
+    }
+
+    fn into_result(self) -> Result<(), ModelError> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Quantized activations of `n_tokens` rows, one block vector per row laid end to end.
+enum QActs {
+    K(Vec<BlockQ8K>),
+    Q0(Vec<BlockQ8_0>),
+    Q1(Vec<BlockQ8_1>),
+}
+
+impl QActs {
+    /// Row `t` of `nb` blocks.
+    fn row(&self, t: usize, nb: usize) -> Acts<'_> {
+        match self {
+            QActs::K(b) => Acts::Q8K(&b[t * nb..(t + 1) * nb]),
+            QActs::Q0(b) => Acts::Q8_0(&b[t * nb..(t + 1) * nb]),
+            QActs::Q1(b) => Acts::Q8_1(&b[t * nb..(t + 1) * nb]),
+        }
+    }
+}
+
+/// One matmul input: the f32 rows and, per activation type some weight needs, their
+/// quantization.
+struct Input<'a> {
+    /// `[n_tokens, k]` f32.
+    x: &'a [f32],
+    k: usize,
+    q8k: Option<QActs>,
+    q80: Option<QActs>,
+    q81: Option<QActs>,
+}
+
+impl Input<'_> {
+    fn acts(&self, at: ActType, t: usize) -> Option<Acts<'_>> {
+        let (q, qk) = match at {
+            ActType::Q8_K => (&self.q8k, QK_K),
+            ActType::Q8_0 => (&self.q80, QK),
+            ActType::Q8_1 => (&self.q81, QK),
+        };
+        q.as_ref().map(|q| q.row(t, self.k / qk))
+    }
+}
+
+impl CpuBackend {
+    /// Quantizes `x` (`[n_tokens, k]` f32) to `at`, split by tokens when there are several.
+    fn quantize(&self, x: &[f32], k: usize, at: ActType) -> Result<QActs, ModelError> {
+        fn run<B: Copy + Send>(
+            be: &CpuBackend,
+            x: &[f32],
+            k: usize,
+            qk: usize,
+            zero: B,
+            f: fn(&[f32], &mut [B]) -> Result<(), quantdot::KernelError>,
+        ) -> Result<Vec<B>, ModelError> {
+            let nb = k / qk;
+            let n_tokens = x.len() / k;
+            let mut out = vec![zero; n_tokens * nb]; // [n_tokens, k / qk] blocks
+            if n_tokens < 2 * be.pool.n_threads() {
+                f(x, &mut out).map_err(|e| kernel_err("activation quantization", e))?;
+                return Ok(out);
+            }
+            let chunks = split_mut(&mut out, nb, 1, be.pool.n_threads());
+            let err = FirstError::default();
+            be.pool.run(&|t, _| {
+                let (r, chunk) = &chunks[t];
+                let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = f(&x[r.start * k..r.end * k], &mut g) {
+                    err.set(kernel_err("activation quantization", e));
+                }
+            });
+            drop(chunks);
+            err.into_result()?;
+            Ok(out)
+        }
+        if k % QK != 0 || (at == ActType::Q8_K && k % QK_K != 0) {
+            return Err(ModelError::Tensor {
+                what: format!("matmul: row length {k} is not a whole number of {at:?} blocks"),
+            });
+        }
+        Ok(match at {
+            ActType::Q8_K => QActs::K(run(
+                self,
+                x,
+                k,
+                QK_K,
+                BlockQ8K::ZERO,
+                quantdot::quantize_q8_k,
+            )?),
+            ActType::Q8_0 => QActs::Q0(run(
+                self,
+                x,
+                k,
+                QK,
+                BlockQ8_0::ZERO,
+                quantdot::quantize_q8_0,
+            )?),
+            ActType::Q8_1 => QActs::Q1(run(
+                self,
+                x,
+                k,
+                QK,
+                BlockQ8_1::ZERO,
+                quantdot::quantize_q8_1,
+            )?),
+        })
+    }
+
+    /// Prepares `x` for every matrix in `ws` (quantizing once per activation type).
+    fn input<'a>(&self, x: &'a HostAct, ws: &[&CpuMatrix]) -> Result<Input<'a>, ModelError> {
+        let mut inp = Input {
+            x: &x.data,
+            k: x.width,
+            q8k: None,
+            q80: None,
+            q81: None,
+        };
+        for w in ws {
+            if x.width != w.cols {
+                return Err(ModelError::Tensor {
+                    what: format!(
+                        "matmul: x row has {} elements, {} has {} columns",
+                        x.width,
+                        w.tensor.name(),
+                        w.cols
+                    ),
+                });
+            }
+            if let MatKind::Quant(wt) = w.kind {
+                let at = wt.act_type();
+                let slot = match at {
+                    ActType::Q8_K => &mut inp.q8k,
+                    ActType::Q8_0 => &mut inp.q80,
+                    ActType::Q8_1 => &mut inp.q81,
+                };
+                if slot.is_none() {
+                    *slot = Some(self.quantize(&x.data, x.width, at)?);
+                }
+            }
+        }
+        Ok(inp)
+    }
+
+    /// `out[(t - tokens.start) * stride + (r - rows.start)] = W[r] · x[t]` for `r` in `rows`,
+    /// `t` in `tokens`, on the calling thread. `w`: the matrix bytes, `scratch`: f32 row
+    /// buffer for dequantized types.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        m: &CpuMatrix,
+        w: &[u8],
+        inp: &Input<'_>,
+        rows: Range<usize>,
+        tokens: Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let rb = m.row_bytes;
+        match m.kind {
+            MatKind::Quant(wt) => {
+                let at = wt.act_type();
+                let mut t0 = tokens.start;
+                while t0 < tokens.end {
+                    let t1 = (t0 + TOKEN_TILE).min(tokens.end);
+                    for r in rows.clone() {
+                        let wr = &w[r * rb..(r + 1) * rb];
+                        for t in t0..t1 {
+                            let a = inp.acts(at, t).ok_or_else(|| ModelError::Tensor {
+                                what: format!("matmul: {at:?} activations missing"),
+                            })?;
+                            out[(t - tokens.start) * stride + (r - rows.start)] =
+                                self.kern.dot_unchecked_len(wt, wr, a);
+                        }
+                    }
+                    t0 = t1;
+                }
+            }
+            MatKind::Dequant => {
+                let kk = inp.k;
+                scratch.resize(kk, 0.0); // [k] f32 one dequantized weight row
+                for r in rows.clone() {
+                    dequantize_row(m.dtype, &w[r * rb..(r + 1) * rb], scratch).map_err(|e| {
+                        ModelError::Tensor {
+                            what: format!("matmul: {} row {r}: {e}", m.tensor.name()),
+                        }
+                    })?;
+                    for t in tokens.clone() {
+                        out[(t - tokens.start) * stride + (r - rows.start)] =
+                            dot_f32(scratch, &inp.x[t * kk..(t + 1) * kk]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `outs[i] = x · ws[i]ᵀ` for every `i`, in one fork/join; `swiglu` applies
+    /// `outs[0] = silu(outs[0]) * outs[1]` in the same pass.
+    fn matmuls(
+        &self,
+        ws: &[&CpuMatrix],
+        x: &HostAct,
+        outs: &mut [&mut HostAct],
+        swiglu: bool,
+    ) -> Result<(), ModelError> {
+        let n_tokens = x.n_tokens;
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            if o.width != w.rows || o.n_tokens != n_tokens || o.data.len() != n_tokens * w.rows {
+                return Err(ModelError::Tensor {
+                    what: format!(
+                        "matmul: out is [{}, {}], expected [{n_tokens}, {}] ({})",
+                        o.n_tokens,
+                        o.width,
+                        w.rows,
+                        w.tensor.name()
+                    ),
+                });
+            }
+        }
+        let inp = self.input(x, ws)?;
+        let views = ws
+            .iter()
+            .map(|w| w.tensor.view())
+            .collect::<Result<Vec<_>, _>>()?;
+        let bytes = views
+            .iter()
+            .map(|v| v.bytes())
+            .collect::<Result<Vec<_>, _>>()?;
+        let nt = self.pool.n_threads();
+        // Decode-sized inputs split rows; prompts split tokens.
+        let by_rows = n_tokens < 2 * nt;
+        // Per matrix, per thread: (range of rows or tokens, output chunk).
+        let chunks: Vec<Vec<(Range<usize>, Mutex<&mut [f32]>)>> = ws
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(w, o)| {
+                if by_rows && n_tokens == 1 {
+                    split_mut(&mut o.data, 1, ROW_ALIGN, nt)
+                } else if by_rows {
+                    // A handful of tokens: each thread gets all of them and a share of the
+                    // rows, which are strided in the output; gathered below.
+                    (0..nt)
+                        .map(|t| (split_range(w.rows, ROW_ALIGN, t, nt), Mutex::new(&mut [][..])))
+                        .collect()
+                } else {
+                    split_mut(&mut o.data, w.rows, 1, nt)
+                }
+            })
+            .collect();
+        // Few-token row splits write into per-thread [n_tokens, rows_t] buffers first.
+        let few: Vec<Vec<Mutex<Vec<f32>>>> = if by_rows && n_tokens > 1 {
+            chunks
+                .iter()
+                .map(|c| {
+                    c.iter()
+                        .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n_tokens]))
+                        .collect()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let err = FirstError::default();
+        self.pool.run(&|t, _| {
+            let mut scratch = Vec::new();
+            for (i, w) in ws.iter().enumerate() {
+                let (range, chunk) = &chunks[i][t];
+                let res = if by_rows && n_tokens > 1 {
+                    let mut g = few[i][t].lock().unwrap_or_else(|p| p.into_inner());
+                    self.block(
+                        w,
+                        bytes[i],
+                        &inp,
+                        range.clone(),
+                        0..n_tokens,
+                        &mut g,
+                        range.len(),
+                        &mut scratch,
+                    )
+                } else {
+                    let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
+                    let (rows, tokens, stride) = if by_rows {
+                        (range.clone(), 0..1, range.len())
+                    } else {
+                        (0..w.rows, range.clone(), w.rows)
+                    };
+                    self.block(w, bytes[i], &inp, rows, tokens, &mut g, stride, &mut scratch)
+                };
+                if let Err(e) = res {
+                    err.set(e);
+                    return;
+                }
+            }
+            if swiglu && !(by_rows && n_tokens > 1) {
+                let mut g = chunks[0][t].1.lock().unwrap_or_else(|p| p.into_inner());
+                let u = chunks[1][t].1.lock().unwrap_or_else(|p| p.into_inner());
+                k::swiglu(&mut g, &u);
+            }
+        });
+        drop(chunks);
+        err.into_result()?;
+        if by_rows && n_tokens > 1 {
+            for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
+                for (t, buf) in bufs.into_iter().enumerate() {
+                    let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
+                    let rows = split_range(w.rows, ROW_ALIGN, t, nt);
+                    for tok in 0..n_tokens {
+                        o.data[tok * w.rows + rows.start..tok * w.rows + rows.end]
+                            .copy_from_slice(&buf[tok * rows.len()..(tok + 1) * rows.len()]);
+                    }
+                }
+            }
+            if swiglu {
+                let (g, rest) = outs.split_at_mut(1);
+                k::swiglu(&mut g[0].data, &rest[0].data);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Σ a·b` with eight independent accumulators (vectorizes without `unsafe`).
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((s, &xi), &yi) in acc.iter_mut().zip(x).zip(y) {
+            *s += xi * yi;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+impl Backend for CpuBackend {
+    type Act = HostAct;
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type KvCache = CpuKvCache;
+
+    fn name(&self) -> &'static str {
+        match self.kern.isa() {
+            Isa::Scalar => "cpu-scalar",
+            Isa::Avx2 => "cpu-avx2",
+            Isa::Avx512 => "cpu-avx512",
+            Isa::Vnni | Isa::Amx => "cpu-vnni",
+        }
+    }
+
+    fn prepare_matrix(&self, w: &FileTensor) -> Result<CpuMatrix, ModelError> {
+        let view = w.view()?;
+        let wv = view.as_weight()?;
+        let kind = match WeightType::from_ggml_id(wv.dtype.id()) {
+            Some(wt) if wt.row_bytes(wv.cols) == Some(wv.row_bytes()) => MatKind::Quant(wt),
+            _ => MatKind::Dequant,
+        };
+        Ok(CpuMatrix {
+            tensor: w.clone(),
+            dtype: wv.dtype,
+            rows: wv.rows,
+            cols: wv.cols,
+            row_bytes: wv.row_bytes(),
+            kind,
+        })
+    }
+
+    fn prepare_vector(&self, w: &FileTensor) -> Result<Vec<f32>, ModelError> {
+        w.view()?.to_f32_vec()
+    }
+
+    fn alloc(&self, n_tokens: usize, width: usize) -> Result<HostAct, ModelError> {
+        Ok(HostAct {
+            n_tokens,
+            width,
+            data: vec![0.0; n_tokens * width],
+        })
+    }
+
+    fn new_kv_cache(&self, shape: KvShape) -> Result<CpuKvCache, ModelError> {
+        let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
+        // Zeroed allocations are lazily backed by the OS: only touched pages cost memory.
+        Ok(CpuKvCache {
+            shape,
+            k: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
+            v: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
+        })
+    }
+
+    fn embed(&self, table: &CpuMatrix, ids: &[u32], out: &mut HostAct) -> Result<(), ModelError> {
+        check_len("embed", "out", out.data.len(), ids.len() * table.cols)?;
+        let view = table.tensor.view()?;
+        let w = view.as_weight()?;
+        k::embed_rows(&w, ids, &mut out.data)?;
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &HostAct,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        check_len("rms_norm", "x row", x.width, w.len())?;
+        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
+        k::rms_norm(&x.data, w, eps, &mut out.data);
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuMatrix, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
+        self.matmuls(&[w], x, &mut [out], false)
+    }
+
+    fn qkv(
+        &self,
+        x: &HostAct,
+        wq: &CpuMatrix,
+        wk: &CpuMatrix,
+        wv: &CpuMatrix,
+        q: &mut HostAct,
+        kk: &mut HostAct,
+        v: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        self.matmuls(&[wq, wk, wv], x, &mut [q, kk, v], false)
+    }
+
+    fn ffn_gate_up(
+        &self,
+        x: &HostAct,
+        w_gate: &CpuMatrix,
+        w_up: &CpuMatrix,
+        gate: &mut HostAct,
+        up: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        self.matmuls(&[w_gate, w_up], x, &mut [gate, up], true)
+    }
+
+    fn rope(
+        &self,
+        x: &mut HostAct,
+        n_head: usize,
+        pos0: usize,
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
+        k::rope(
+            &mut x.data,
+            n_head,
+            rope.head_dim,
+            pos0,
+            &rope.inv_freq,
+            rope.layout,
+        );
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        q: &HostAct,
+        kk: &HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        let n_tokens = q.n_tokens;
+        let KvShape {
+            n_ctx,
+            n_head_kv,
+            head_dim: hd,
+            ..
+        } = cache.shape;
+        let kv_width = n_head_kv * hd;
+        if pos0 + n_tokens > n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx,
+                n_past: pos0,
+                n_tokens,
+            });
+        }
+        check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "q row", q.width, shape.n_head * shape.head_dim)?;
+        check_len("attention", "out", out.data.len(), q.data.len())?;
+        if shape.n_head_kv != n_head_kv || shape.head_dim != hd {
+            return Err(ModelError::Tensor {
+                what: format!(
+                    "attention: shape {shape:?} does not match the cache ({n_head_kv} KV heads of {hd})"
+                ),
+            });
+        }
+        let (kc, vc) = match (cache.k.get_mut(layer), cache.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => {
+                return Err(ModelError::Tensor {
+                    what: format!("attention: no cache for layer {layer}"),
+                });
+            }
+        };
+        // Append the new positions: token t, head h → kc[(h * n_ctx + pos0 + t) * hd ..].
+        for t in 0..n_tokens {
+            for h in 0..n_head_kv {
+                let src = t * kv_width + h * hd..t * kv_width + (h + 1) * hd;
+                let dst = (h * n_ctx + pos0 + t) * hd;
+                for (d, &s) in kc[dst..dst + hd].iter_mut().zip(&kk.data[src.clone()]) {
+                    *d = quantdot::f32_to_f16(s);
+                }
+                for (d, &s) in vc[dst..dst + hd].iter_mut().zip(&v.data[src]) {
+                    *d = quantdot::f32_to_f16(s);
+                }
+            }
+        }
+        let dshape = DecodeShape {
+            n_head: shape.n_head,
+            n_head_kv,
+            head_dim: hd,
+            layout: KvLayout::HeadMajor { n_ctx },
+        };
+        let (kc, vc) = (&kc[..], &vc[..]);
+        let q_width = q.width;
+        if n_tokens == 1 {
+            return attn_decode_f16(&q.data, kc, vc, dshape, pos0 + 1, &mut out.data, Some(&self.pool))
+                .map_err(|e| kernel_err("attention", e));
+        }
+        // A prompt: tokens dealt round-robin (later ones see more positions).
+        let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
+        let err = FirstError::default();
+        self.pool.run(&|t, nt| {
+            for tok in (t..n_tokens).step_by(nt) {
+                let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
+                let qr = &q.data[tok * q_width..(tok + 1) * q_width];
+                if let Err(e) = attn_decode_f16(qr, kc, vc, dshape, pos0 + tok + 1, &mut o, None) {
+                    err.set(kernel_err("attention", e));
+                    return;
+                }
+            }
+        });
+        drop(rows);
+        err.into_result()
+    }
+
+    fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
+        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
+        k::swiglu(&mut gate.data, &up.data);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
+        check_len("add", "y", y.data.len(), x.data.len())?;
+        k::add(&mut x.data, &y.data);
+        Ok(())
+    }
+
+    fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
+        check_len("copy_row", "dst", dst.data.len(), src.width)?;
+        if row >= src.n_tokens {
+            return Err(ModelError::Tensor {
+                what: format!("copy_row: row {row} of {}", src.n_tokens),
+            });
+        }
+        dst.data
+            .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
+        Ok(())
+    }
+
+    fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {
+        Ok(x.data.clone())
+    }
+}
