@@ -173,6 +173,43 @@ fn chat_templates_match_transformers() {
     assert!(n >= 12, "only {n} template cases ran");
 }
 
+/// Llama 3.2's vocabulary embedded in a GGUF by our own writer (llama.cpp's key layout), read back
+/// through `Tokenizer::from_gguf`: the GGUF path must give the same ids as `tokenizers`.
+#[test]
+fn llama3_gguf_roundtrip_matches_tokenizers() {
+    use damascus_gguf::{Array, GgufWriter, Value, keys};
+    let Some(path) = find(
+        "DAMASCUS_LLAMA3_TOKENIZER",
+        || damascus_hub::llama3_tokenizer_json().ok(),
+        "/tmp/dev/tokenizer.json",
+    ) else {
+        eprintln!("SKIP: Llama 3.2 tokenizer.json not found");
+        return;
+    };
+    let spec = TokenizerSpec::from_hf_json(&std::fs::read_to_string(path).unwrap(), None).unwrap();
+    let mut w = GgufWriter::new();
+    let mut add = |k: &str, v: Value| w.add_metadata(k, v).unwrap();
+    add(keys::GENERAL_ARCHITECTURE, Value::String("llama".into()));
+    add(keys::TOKENIZER_MODEL, Value::String("gpt2".into()));
+    add(keys::TOKENIZER_PRE, Value::String("llama-bpe".into()));
+    add(
+        keys::TOKENIZER_TOKENS,
+        Value::Array(Array::String(spec.tokens.clone())),
+    );
+    let types = spec.token_types.iter().map(|t| t.id()).collect();
+    add(keys::TOKENIZER_TOKEN_TYPE, Value::Array(Array::I32(types)));
+    add(
+        keys::TOKENIZER_MERGES,
+        Value::Array(Array::String(spec.merges.clone())),
+    );
+    add(keys::TOKENIZER_BOS_ID, Value::U32(spec.bos.unwrap()));
+    add(keys::TOKENIZER_ADD_BOS, Value::Bool(true));
+    let mut bytes = Vec::new();
+    w.write(&mut bytes, |_, _| Ok(())).unwrap();
+    let tok = Tokenizer::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
+    check_against(&tok, &fixture("llama3_ids.json"), "llama3 via GgufWriter");
+}
+
 /// The same vocabulary through the GGUF path (`tools/tokenizer_llama3_gguf.py`; not committed,
 /// several MB): `from_gguf` must agree with `tokenizers` too.
 #[test]
