@@ -1,0 +1,125 @@
+//! The fast CPU backend against the reference backend and the Hugging Face fixtures, within the
+//! fast-path tolerance (logits cosine ≥ 0.999, same top-1), on the default model
+//! (SmolLM2-135M-Instruct Q4_1).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use damascus_gguf::GgufFile;
+use damascus_model::backend::cpu::CpuBackend;
+use damascus_model::backend::reference::ReferenceBackend;
+use damascus_model::verify::{Fixture, compare_models, verify};
+use damascus_model::{LoadOptions, Model};
+
+/// Fast-path bar on the logits.
+const MIN_LOGITS_COSINE: f64 = 0.999;
+/// Fast-path bar on every hidden state.
+const MIN_HIDDEN_COSINE: f64 = 0.995;
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/forward")
+}
+
+fn file() -> Arc<GgufFile> {
+    static FILE: OnceLock<Arc<GgufFile>> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = damascus_hub::default_model_path()
+            .expect("the default model (SmolLM2-135M-Instruct Q4_1) could not be fetched");
+        Arc::new(GgufFile::open(path).expect("opening the default model"))
+    })
+    .clone()
+}
+
+fn opts() -> LoadOptions {
+    LoadOptions {
+        n_ctx: Some(128),
+        ..Default::default()
+    }
+}
+
+/// The default model on the CPU backend with `n` threads.
+fn cpu(n: usize) -> Model {
+    Model::with_backend(file(), &opts(), CpuBackend::new(Some(n))).expect("loading on cpu")
+}
+
+fn reference() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| Model::with_backend(file(), &opts(), ReferenceBackend).unwrap())
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    damascus_model::verify::compare(a, b).0
+}
+
+#[test]
+fn matches_reference_on_prefill_for_1_2_3_threads() {
+    // "The capital of France is" + a few more tokens: prefill takes the token-split path
+    // with 1 and 2 threads and the few-token row split with 3.
+    let ids = [504u32, 3575, 282, 4649, 314, 7042, 30, 378];
+    for n in [1, 2, 3] {
+        let m = cpu(n);
+        let d = compare_models(reference(), &m, &ids).unwrap();
+        for s in &d.slots {
+            assert!(
+                s.cosine >= MIN_HIDDEN_COSINE,
+                "{n} threads: {} cosine {}",
+                s.label,
+                s.cosine
+            );
+        }
+        assert!(
+            d.logits_cosine >= MIN_LOGITS_COSINE,
+            "{n} threads: logits cosine {}",
+            d.logits_cosine
+        );
+        assert!(d.same_top1, "{n} threads: top-1 differs");
+    }
+}
+
+#[test]
+fn decode_matches_prefill_and_reference() {
+    let ids = [504u32, 3575, 282, 4649, 314];
+    let m = cpu(2);
+    let mut a = m.session().unwrap();
+    let prefill = a.eval(&ids).unwrap();
+    let mut b = m.session().unwrap();
+    let mut decode = Vec::new();
+    for &id in &ids {
+        decode = b.eval(&[id]).unwrap();
+    }
+    let want = reference().session().unwrap().eval(&ids).unwrap();
+    assert!(cosine(&prefill, &decode) >= 0.9999);
+    assert!(cosine(&decode, &want) >= MIN_LOGITS_COSINE);
+    assert_eq!(argmax(&decode), 7042, "\" Paris\" is not first");
+    // p(" Paris") stays close to the reference's 77%.
+    let p = |l: &[f32]| {
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let s: f64 = l.iter().map(|&x| f64::from(x - max).exp()).sum();
+        f64::from(l[7042] - max).exp() / s
+    };
+    assert!((p(&decode) - p(&want)).abs() < 0.02, "p(Paris) {}", p(&decode));
+}
+
+#[test]
+fn passes_hf_fixtures_within_fast_tolerance() {
+    let m = cpu(2);
+    for name in ["smollm2-q4_1.json", "smollm2-q4_1-long.json"] {
+        let fixture = Fixture::load(fixture_dir().join(name)).expect("reading the fixture");
+        let report = verify(&m, &fixture).expect("running the fixture");
+        eprintln!(
+            "{name}: logits cosine {:.6}, min hidden cosine {:.6}",
+            report.logits_cosine,
+            report.min_cosine()
+        );
+        assert!(
+            report.logits_cosine >= MIN_LOGITS_COSINE,
+            "{name}: logits cosine {}",
+            report.logits_cosine
+        );
+        assert_eq!(report.top1, report.top1_hf, "{name}: top-1 differs");
+    }
+}
