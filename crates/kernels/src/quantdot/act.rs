@@ -69,10 +69,10 @@ fn nearest_int(x: f32) -> i32 {
     (v.to_bits() as i32 & 0x007f_ffff).wrapping_sub(0x0040_0000)
 }
 
-/// Quantizes `x` (`[k]` f32, k a multiple of 256) into `out` (`[k / 256]`)
-/// exactly like ggml's `quantize_row_q8_K_ref` (except that an all-zero block
+/// Scalar twin: quantizes `x` (`[k]` f32, k a multiple of 256) into `out`
+/// (`[k / 256]`) exactly like ggml's `quantize_row_q8_K_ref` (except that an all-zero block
 /// also gets zero `bsums`).
-pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), KernelError> {
+pub fn quantize_q8_k_ref(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK_K)?;
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let mut max = 0f32;
@@ -100,9 +100,9 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), KernelError>
     Ok(())
 }
 
-/// Quantizes `x` (`[k]` f32, k a multiple of 32) into `out` (`[k / 32]`)
-/// exactly like ggml's `quantize_row_q8_0_ref` (`roundf`, ties away from 0).
-pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), KernelError> {
+/// Scalar twin: quantizes `x` (`[k]` f32, k a multiple of 32) into `out`
+/// (`[k / 32]`) exactly like ggml's `quantize_row_q8_0_ref` (`roundf`, ties away from 0).
+pub fn quantize_q8_0_ref(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -116,9 +116,9 @@ pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), KernelError
     Ok(())
 }
 
-/// Quantizes `x` (`[k]` f32) into Q8_1 blocks (`[k / 32]`) exactly like
+/// Scalar twin: quantizes `x` (`[k]` f32) into Q8_1 blocks (`[k / 32]`) exactly like
 /// ggml's `quantize_row_q8_1_ref`.
-pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError> {
+pub fn quantize_q8_1_ref(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError> {
     check_lens(x.len(), out.len(), QK)?;
     for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -133,6 +133,67 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError
         yb.s = f32_to_f16(sum as f32 * d);
     }
     Ok(())
+}
+
+fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::kernels().isa() >= super::Isa::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Quantizes `x` (`[k]` f32, k a multiple of 256) into `out` (`[k / 256]`)
+/// Q8_K blocks: the SIMD path when available, else [`quantize_q8_k_ref`];
+/// both give identical bits for finite inputs.
+pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) -> Result<(), KernelError> {
+    check_lens(x.len(), out.len(), QK_K)?;
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: simd() is true only when AVX2+FMA+F16C were detected.
+        unsafe { super::avx2::quantize_q8_k(x, out) };
+        return Ok(());
+    }
+    quantize_q8_k_ref(x, out)
+}
+
+/// Quantizes `x` (`[k]` f32, k a multiple of 32) into Q8_0 blocks
+/// (`[k / 32]`): SIMD when available, else [`quantize_q8_0_ref`]; identical
+/// bits for finite inputs.
+pub fn quantize_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> Result<(), KernelError> {
+    check_lens(x.len(), out.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: simd() is true only when AVX2+FMA+F16C were detected.
+        unsafe {
+            super::avx2::quantize_q8_32(x, |i, d, _, qs| {
+                out[i] = BlockQ8_0 { d, qs: *qs };
+            })
+        };
+        return Ok(());
+    }
+    quantize_q8_0_ref(x, out)
+}
+
+/// Quantizes `x` (`[k]` f32, k a multiple of 32) into Q8_1 blocks
+/// (`[k / 32]`): SIMD when available, else [`quantize_q8_1_ref`]; identical
+/// bits for finite inputs.
+pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError> {
+    check_lens(x.len(), out.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: simd() is true only when AVX2+FMA+F16C were detected.
+        unsafe {
+            super::avx2::quantize_q8_32(x, |i, d, s, qs| {
+                out[i] = BlockQ8_1 { d, s, qs: *qs };
+            })
+        };
+        return Ok(());
+    }
+    quantize_q8_1_ref(x, out)
 }
 
 fn check_lens(k: usize, blocks: usize, qk: usize) -> Result<(), KernelError> {

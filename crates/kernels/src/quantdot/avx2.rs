@@ -427,3 +427,132 @@ pub unsafe fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
         hsum_ps(acc)
     }
 }
+
+/// Horizontal sum of 8 i32.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: register-only AVX2 ops.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// Packs 4 × 8 i32 (already in i8 range) into 32 i8 in element order.
+#[inline(always)]
+unsafe fn pack_i8(q: [__m256i; 4]) -> __m256i {
+    // SAFETY: register-only AVX2 ops.
+    unsafe {
+        let a = _mm256_packs_epi32(q[0], q[1]);
+        let b = _mm256_packs_epi32(q[2], q[3]);
+        let p = _mm256_packs_epi16(a, b);
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// Max |x| over 8-float chunks (NaNs ignored, like the scalar `>` scan).
+#[inline(always)]
+unsafe fn amax_ps(x: &[f32]) -> f32 {
+    // SAFETY: 8-wide loads at i..i+8 ≤ x.len() (callers pass multiples of 8).
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= x.len() {
+            let a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(i)));
+            m = _mm256_max_ps(a, m); // returns `m` when `a` is NaN
+            i += 8;
+        }
+        let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Q8_K quantization of whole blocks (`x`: `[out.len() * 256]`), bit-identical
+/// to the scalar reference for finite inputs.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+    for (xb, yb) in x.chunks_exact(256).zip(out.iter_mut()) {
+        // SAFETY: all loads read xb[8i..8i+8] with 8i + 8 ≤ 256; the 32-byte
+        // stores write yb.qs[32g..32g+32] with 32g + 32 ≤ 256.
+        unsafe {
+            let amax = amax_ps(xb);
+            if amax == 0.0 {
+                *yb = BlockQ8K::ZERO;
+                continue;
+            }
+            // The first element reaching amax decides the sign, as in ggml.
+            let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+            let iscale = -127.0 / max;
+            let iv = _mm256_set1_ps(iscale);
+            let top = _mm256_set1_epi32(127);
+            for g in 0..8 {
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (j, qj) in q.iter_mut().enumerate() {
+                    let v = _mm256_loadu_ps(xb.as_ptr().add(32 * g + 8 * j));
+                    // cvtps rounds half to even, like ggml's nearest_int.
+                    *qj = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(iv, v)), top);
+                }
+                yb.bsums[2 * g] = hsum_i32(_mm256_add_epi32(q[0], q[1])) as i16;
+                yb.bsums[2 * g + 1] = hsum_i32(_mm256_add_epi32(q[2], q[3])) as i16;
+                _mm256_storeu_si256(yb.qs.as_mut_ptr().add(32 * g) as *mut __m256i, pack_i8(q));
+            }
+            yb.d = 1.0 / iscale;
+        }
+    }
+}
+
+/// Q8_0 / Q8_1 quantization of whole 32-blocks, bit-identical to the scalar
+/// reference (`roundf`, ties away from zero) for finite inputs. Returns
+/// `(d_bits, sum_bits, qs)` per block through `emit`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8_32(x: &[f32], mut emit: impl FnMut(usize, u16, u16, &[i8; 32])) {
+    for (bi, xb) in x.chunks_exact(32).enumerate() {
+        // SAFETY: loads read xb[8j..8j+8], 8j + 8 ≤ 32; the store writes the
+        // 32-byte local array.
+        unsafe {
+            let amax = amax_ps(xb);
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let half = _mm256_set1_ps(0.5);
+            let sign = _mm256_set1_ps(-0.0);
+            let one = _mm256_set1_ps(1.0);
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (j, qj) in q.iter_mut().enumerate() {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(xb.as_ptr().add(8 * j)), idv);
+                // roundf: truncate, then step away from zero when |frac| >= 0.5.
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+                let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+                let step = _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(frac, half),
+                    _mm256_or_ps(one, _mm256_and_ps(v, sign)),
+                );
+                *qj = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+            }
+            let sum = hsum_i32(_mm256_add_epi32(
+                _mm256_add_epi32(q[0], q[1]),
+                _mm256_add_epi32(q[2], q[3]),
+            ));
+            let mut qs = [0i8; 32];
+            _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, pack_i8(q));
+            let d16 = _mm_extract_epi16::<0>(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(
+                _mm_set_ss(d),
+            )) as u16;
+            let s16 = _mm_extract_epi16::<0>(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(
+                _mm_set_ss(sum as f32 * d),
+            )) as u16;
+            emit(bi, d16, s16, &qs);
+        }
+    }
+}

@@ -28,7 +28,8 @@ mod dequant;
 mod tests;
 
 pub use act::{
-    ActBuf, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_1, quantize_q8_k,
+    ActBuf, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, quantize_q8_0, quantize_q8_0_ref, quantize_q8_1,
+    quantize_q8_1_ref, quantize_q8_k, quantize_q8_k_ref,
 };
 pub use dispatch::{DotKernels, Isa, kernels, kernels_for};
 pub use gemv::{gemv, gemv_rows, gemv_with};

@@ -369,3 +369,38 @@ fn chosen_isa_is_available() {
     assert!(kernels_for(Isa::Scalar).is_some());
     eprintln!("dot kernels: {}", kernels().isa().name());
 }
+
+/// The dispatched (SIMD) quantizers give the same bits as the scalar twins,
+/// including exact rounding ties.
+#[test]
+fn quantizers_simd_equal_scalar_twins() {
+    let mut rng = Rng::new(21);
+    let mut inputs: Vec<Vec<f32>> = (0..4).map(|m| make_x(&mut rng, 256 * 5, m)).collect();
+    // Ties: with max |x| = 127 the scales are exactly ±1, so x.5 values tie.
+    let mut ties: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) + 0.5).collect();
+    ties[7] = -127.0;
+    ties[0] = 127.0; // same |x| later at index 7 must not win
+    ties.extend((0..256).map(|i| {
+        if i == 3 {
+            127.0
+        } else {
+            ((i % 50) as f32) - 24.5
+        }
+    }));
+    inputs.push(ties);
+    for x in &inputs {
+        let nb = x.len() / 256;
+        let (mut a, mut b) = (vec![BlockQ8K::ZERO; nb], vec![BlockQ8K::ZERO; nb]);
+        quantize_q8_k(x, &mut a).expect("q8_k");
+        quantize_q8_k_ref(x, &mut b).expect("q8_k ref");
+        assert_eq!(a, b);
+        let (mut a, mut b) = (vec![BlockQ8_0::ZERO; nb * 8], vec![BlockQ8_0::ZERO; nb * 8]);
+        quantize_q8_0(x, &mut a).expect("q8_0");
+        quantize_q8_0_ref(x, &mut b).expect("q8_0 ref");
+        assert_eq!(a, b);
+        let (mut a, mut b) = (vec![BlockQ8_1::ZERO; nb * 8], vec![BlockQ8_1::ZERO; nb * 8]);
+        quantize_q8_1(x, &mut a).expect("q8_1");
+        quantize_q8_1_ref(x, &mut b).expect("q8_1 ref");
+        assert_eq!(a, b);
+    }
+}
