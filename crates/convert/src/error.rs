@@ -92,6 +92,12 @@ pub enum ConvertError {
         /// What is wrong.
         reason: String,
     },
+    /// The run was cancelled (Ctrl-C) before the output was complete.
+    #[error("cancelled; {} was not written", output.display())]
+    Cancelled {
+        /// The output that was not written.
+        output: PathBuf,
+    },
     /// An unknown synthetic shape name.
     #[error("unknown shape {0:?} (known: llama-3.2-3b, llama-3.2-1b, tiny-llama3)")]
     UnknownShape(String),

@@ -38,6 +38,11 @@ pub trait Progress: Sync {
     fn advance(&self, n: u64);
     /// All tensors are written.
     fn finish(&self);
+    /// Polled by the workers: `true` stops the run (Ctrl-C); the temporary output file is
+    /// removed and the output path is left untouched.
+    fn is_cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Progress`] that reports nothing.

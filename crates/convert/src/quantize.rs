@@ -12,7 +12,7 @@ use std::path::Path;
 use damascus_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use damascus_quant::recipe::{self, Mix, ModelInfo, RecipeOptions, TensorDesc};
 
-use crate::rows::{RowJob, convert_rows, decode_row};
+use crate::rows::{self, RowJob, convert_rows, decode_row};
 use crate::{ConvertError, Progress, keys};
 
 /// `GGML_QNT_VERSION`: the quantization format version llama.cpp writes.
@@ -195,22 +195,29 @@ pub fn quantize_file(
     let total: u64 = tensors.iter().map(|t| t.n_elements()).sum();
     progress.start(total, tensors.len());
     let failure: RefCell<Option<ConvertError>> = RefCell::new(None);
-    let advance = |n: u64| progress.advance(n);
     let produce = |k: usize, buf: &mut Vec<u8>| -> Result<(), damascus_gguf::GgufError> {
         let i = order[k];
         let t = &tensors[i];
         let c = choices[i];
         progress.tensor(k, &t.name, c.dtype);
+        if progress.is_cancelled() {
+            *failure.borrow_mut() = Some(ConvertError::Cancelled {
+                output: output.to_path_buf(),
+            });
+            return Err(damascus_gguf::GgufError::InvalidWrite(
+                rows::CANCELLED.into(),
+            ));
+        }
         let src = file.tensor_data(t);
         if !c.convert {
             buf.extend_from_slice(src);
             progress.advance(t.n_elements());
             return Ok(());
         }
-        let r = convert_tensor(t, src, c.dtype, opts.threads, buf, &advance);
+        let r = convert_tensor(t, src, c.dtype, opts.threads, buf, progress);
         r.map_err(|e| {
             let msg = e.to_string();
-            *failure.borrow_mut() = Some(e);
+            *failure.borrow_mut() = Some(cancelled_or(e, output, progress));
             damascus_gguf::GgufError::InvalidWrite(msg)
         })
     };
@@ -241,7 +248,7 @@ fn convert_tensor(
     dst_type: GgmlType,
     threads: usize,
     buf: &mut Vec<u8>,
-    advance: &(dyn Fn(u64) + Sync),
+    progress: &dyn Progress,
 ) -> Result<(), ConvertError> {
     let shape_err = |reason: String| ConvertError::Shape {
         tensor: t.name.clone(),
@@ -272,5 +279,20 @@ fn convert_tensor(
             .ok_or("source row out of bounds")?;
         decode_row(t.dtype, s, out)
     };
-    convert_rows(&job, buf, fill, advance)
+    convert_rows(&job, buf, fill, progress)
+}
+
+/// A row error caused by cancellation becomes [`ConvertError::Cancelled`].
+pub(crate) fn cancelled_or(
+    e: ConvertError,
+    output: &Path,
+    progress: &dyn Progress,
+) -> ConvertError {
+    if progress.is_cancelled() {
+        ConvertError::Cancelled {
+            output: output.to_path_buf(),
+        }
+    } else {
+        e
+    }
 }

@@ -7,7 +7,10 @@
 
 use damascus_gguf::GgmlType;
 
-use crate::ConvertError;
+use crate::{ConvertError, Progress};
+
+/// The message of the row error that a cancellation produces.
+pub(crate) const CANCELLED: &str = "cancelled";
 
 /// Encode one f32 row as `dtype` into `dst` (exactly `row_bytes` long).
 pub fn encode_row(dtype: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), String> {
@@ -46,13 +49,13 @@ pub struct RowJob<'a> {
 }
 
 /// Fill `dst` (`n_rows * row_bytes(dst_type)` bytes) row by row. `fill(row, buf)` writes the
-/// f32 values of row `row` into `buf` (`[n_per_row] f32`); `advance(n)` reports `n` more
-/// elements done and may be called from any worker thread.
+/// f32 values of row `row` into `buf` (`[n_per_row] f32`). Workers report finished elements
+/// to `progress` and stop early when it is cancelled.
 pub fn convert_rows<F>(
     job: &RowJob<'_>,
     dst: &mut [u8],
     fill: F,
-    advance: &(dyn Fn(u64) + Sync),
+    progress: &dyn Progress,
 ) -> Result<(), ConvertError>
 where
     F: Fn(usize, &mut [f32]) -> Result<(), String> + Sync,
@@ -97,11 +100,14 @@ where
             encode_row(job.dst_type, &buf, dst_row).map_err(|e| format!("row {row}: {e}"))?;
             pending += 1;
             if pending == report_every {
-                advance((pending * job.n_per_row) as u64);
+                progress.advance((pending * job.n_per_row) as u64);
                 pending = 0;
+                if progress.is_cancelled() {
+                    return Err(CANCELLED.to_string());
+                }
             }
         }
-        advance((pending * job.n_per_row) as u64);
+        progress.advance((pending * job.n_per_row) as u64);
         Ok(())
     };
 

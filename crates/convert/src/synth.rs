@@ -336,7 +336,6 @@ pub fn synth_model(
     let rope = llama3_rope_factors(shape.head_dim, shape.rope_theta, &shape.rope);
     let n_params: u64 = list.iter().map(|(_, d, _)| d.iter().product::<u64>()).sum();
     progress.start(n_params, list.len());
-    let advance = |n: u64| progress.advance(n);
     let failure = std::cell::RefCell::new(None);
     let produce = |i: usize, buf: &mut Vec<u8>| -> Result<(), damascus_gguf::GgufError> {
         let (name, dims, kind) = &list[i];
@@ -357,9 +356,9 @@ pub fn synth_model(
             fill_row(opts.seed, name, *kind, row, out, &rope);
             Ok(())
         };
-        convert_rows(&job, buf, fill, &advance).map_err(|e| {
+        convert_rows(&job, buf, fill, progress).map_err(|e| {
             let msg = e.to_string();
-            *failure.borrow_mut() = Some(e);
+            *failure.borrow_mut() = Some(crate::quantize::cancelled_or(e, output, progress));
             damascus_gguf::GgufError::InvalidWrite(msg)
         })
     };

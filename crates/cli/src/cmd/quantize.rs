@@ -2,6 +2,8 @@
 //! (same per-tensor types, byte-identical data for the reference quantizers).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -90,9 +92,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// An indicatif progress bar for the conversion commands (`quantize`, `synth`).
 
-/// Progress over all tensor elements, with the current tensor in the message.
+/// Progress over all tensor elements, with the current tensor in the message. Ctrl-C sets the
+/// cancel flag (the run stops and removes its temporary file); a second Ctrl-C exits at once.
 pub struct Bar {
     bar: ProgressBar,
+    cancelled: Arc<AtomicBool>,
 }
 
 impl Bar {
@@ -110,7 +114,15 @@ impl Bar {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
-        Bar { bar }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cancelled);
+        // Fails only if a handler is already installed; then Ctrl-C keeps its default action.
+        let _ = ctrlc::set_handler(move || {
+            if flag.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+        Bar { bar, cancelled }
     }
 }
 
@@ -129,5 +141,9 @@ impl damascus_convert::Progress for Bar {
 
     fn finish(&self) {
         self.bar.finish_and_clear();
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
     }
 }
