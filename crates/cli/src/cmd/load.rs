@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(p), None) => Some(p.clone()),
         (None, m) => m.clone(),
     };
-    let path = damascus_hub::resolve_model(spec.as_deref())?;
+    let path = super::ModelArg { model: spec }.resolve()?;
     let summary = load(&path)?;
     let reference = match &args.reference {
         Some(r) => Some(compare_reference(&summary.config, r)?),
