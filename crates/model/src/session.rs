@@ -7,6 +7,7 @@ use std::sync::Arc;
 use damascus_gguf::GgufFile;
 
 use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
 use crate::config::LlamaConfig;
 use crate::decoder::{Decoder, DecoderState, HiddenHook};
@@ -21,6 +22,12 @@ pub enum BackendKind {
     Auto,
     /// The scalar f32 reference (no activation quantization): slow, the oracle.
     Reference,
+    /// The multithreaded SIMD CPU backend ([`crate::backend::cpu::CpuBackend`]) on
+    /// `n_threads` threads (`None`: one per physical core).
+    Cpu {
+        /// Threads, the caller included.
+        n_threads: Option<usize>,
+    },
 }
 
 /// Options for [`Model::load`].
@@ -116,10 +123,11 @@ impl Model {
 
     /// Loads an already opened GGUF file on the backend `opts.backend` selects.
     pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
-        // Only the reference backend exists so far; `Auto` will pick the fast CPU or CUDA one.
         match opts.backend {
-            BackendKind::Auto | BackendKind::Reference => {
-                Self::with_backend(file, opts, ReferenceBackend)
+            BackendKind::Reference => Self::with_backend(file, opts, ReferenceBackend),
+            BackendKind::Auto => Self::with_backend(file, opts, CpuBackend::new(None)),
+            BackendKind::Cpu { n_threads } => {
+                Self::with_backend(file, opts, CpuBackend::new(n_threads))
             }
         }
     }

@@ -25,6 +25,8 @@ fn model() -> &'static Model {
             &path,
             &LoadOptions {
                 n_ctx: Some(64),
+                // These fixtures hold the reference path to the reference tolerance.
+                backend: damascus_model::BackendKind::Reference,
                 ..Default::default()
             },
         )

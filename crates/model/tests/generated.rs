@@ -63,6 +63,8 @@ fn check(model_path: &Path, fixture: &Fixture) {
         model_path,
         &LoadOptions {
             n_ctx: Some(64),
+            // These fixtures hold the reference path to the reference tolerance.
+            backend: damascus_model::BackendKind::Reference,
             ..Default::default()
         },
     )
