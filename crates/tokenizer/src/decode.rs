@@ -45,13 +45,24 @@ pub struct StreamDecoder<'a> {
 }
 
 impl<'a> StreamDecoder<'a> {
-    /// A decoder over `tok`; control tokens are hidden unless `show_special`.
+    /// A decoder for tokens that continue earlier text (generation after a prompt): every
+    /// token's text is kept as is, including a SentencePiece token's leading space.
+    /// Control tokens are hidden unless `show_special`.
     pub fn new(tok: &'a Tokenizer, show_special: bool) -> Self {
         Self {
             tok,
             show_special,
-            at_start: true,
+            at_start: false,
             pending: Vec::new(),
+        }
+    }
+
+    /// A decoder for a sequence that starts the text: SentencePiece's dummy-prefix space of the
+    /// first text token is dropped (what [`Tokenizer::decode`] does).
+    pub fn from_start(tok: &'a Tokenizer, show_special: bool) -> Self {
+        Self {
+            at_start: true,
+            ..Self::new(tok, show_special)
         }
     }
 

@@ -282,7 +282,7 @@ impl Tokenizer {
     /// Decode ids to bytes. Control tokens are skipped unless `show_special`. Fails on ids outside
     /// the vocabulary.
     pub fn decode_bytes(&self, ids: &[u32], show_special: bool) -> Result<Vec<u8>> {
-        let mut d = StreamDecoder::new(self, show_special);
+        let mut d = StreamDecoder::from_start(self, show_special);
         let mut out = Vec::new();
         for &id in ids {
             d.push_bytes(id, &mut out)?;
@@ -295,7 +295,9 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids, show_special)?).into_owned())
     }
 
-    /// A streaming decoder that only ever returns complete UTF-8 characters.
+    /// A streaming decoder that only ever returns complete UTF-8 characters, for tokens that
+    /// continue a prompt (see [`StreamDecoder::new`]; [`StreamDecoder::from_start`] for a whole
+    /// sequence).
     pub fn stream_decoder(&self, show_special: bool) -> StreamDecoder<'_> {
         StreamDecoder::new(self, show_special)
     }

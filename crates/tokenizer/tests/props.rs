@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use damascus_gguf::GgufFile;
-use damascus_tokenizer::{Tokenizer, TokenizerSpec};
+use damascus_tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 
 /// xorshift64*: tiny, seeded, deterministic.
 struct Rng(u64);
@@ -95,7 +95,7 @@ fn load_byte_level() -> Vec<(&'static str, Tokenizer)> {
 }
 
 fn stream(tok: &Tokenizer, ids: &[u32], show_special: bool) -> String {
-    let mut d = tok.stream_decoder(show_special);
+    let mut d = StreamDecoder::from_start(tok, show_special);
     let mut s = String::new();
     for &id in ids {
         s.push_str(&d.push(id).unwrap());

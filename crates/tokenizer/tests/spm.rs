@@ -81,3 +81,16 @@ fn spm_byte_fallback_and_specials() {
     assert_eq!(tok.decode(&with, false).unwrap(), "hi");
     assert_eq!(tok.decode(&with, true).unwrap(), "<s>hi");
 }
+
+#[test]
+fn spm_stream_continuation_keeps_leading_space() {
+    let tok = load();
+    // A generated "▁word" after a prompt is " word"; only a sequence start drops the prefix.
+    let ids = tok.encode("hello", false, false);
+    let mut cont = tok.stream_decoder(false);
+    let text: String = ids.iter().map(|&i| cont.push(i).unwrap()).collect();
+    assert_eq!(text, " hello");
+    let mut start = damascus_tokenizer::StreamDecoder::from_start(&tok, false);
+    let text: String = ids.iter().map(|&i| start.push(i).unwrap()).collect();
+    assert_eq!(text, "hello");
+}
