@@ -117,12 +117,11 @@ impl Chat {
             .map_err(|e| RuntimeError::Chat(format!("messages to JSON: {e}")))?;
         let text = self.template.render(&json, add_generation_prompt, None)?;
         let mut ids = tok.encode(&text, false, true);
-        if tok.add_bos() {
-            if let Some(bos) = tok.bos() {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
+        if tok.add_bos()
+            && let Some(bos) = tok.bos()
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }

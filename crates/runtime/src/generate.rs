@@ -368,10 +368,10 @@ impl<'a> Generator<'a> {
         }
         let id = self.sampler.sample(&self.logits)?;
         self.sampler.accept(id);
-        if self.ids.is_empty() {
-            if let Some(t0) = self.t_start {
-                self.timings.ttft_ms = ms(t0.elapsed());
-            }
+        if self.ids.is_empty()
+            && let Some(t0) = self.t_start
+        {
+            self.timings.ttft_ms = ms(t0.elapsed());
         }
         self.ids.push(id);
         let logprob = self

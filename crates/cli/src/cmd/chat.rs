@@ -119,10 +119,10 @@ impl Input {
             }
             msg
         };
-        if let Input::Editor(ed) = self {
-            if !msg.trim().is_empty() {
-                let _ = ed.add_history_entry(msg.as_str());
-            }
+        if let Input::Editor(ed) = self
+            && !msg.trim().is_empty()
+        {
+            let _ = ed.add_history_entry(msg.as_str());
         }
         Ok(Some(msg))
     }

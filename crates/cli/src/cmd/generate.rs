@@ -58,7 +58,6 @@ impl EngineArgs {
             } else {
                 BackendKind::Auto
             },
-            ..Default::default()
         };
         let model =
             Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

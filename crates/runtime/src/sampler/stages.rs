@@ -353,14 +353,13 @@ impl Stage for Penalties {
         if self.last_n == 0 {
             return;
         }
-        if self.window.len() >= self.last_n {
-            if let Some(old) = self.window.pop_front() {
-                if let Some(c) = self.counts.get_mut(&old) {
-                    *c -= 1;
-                    if *c == 0 {
-                        self.counts.remove(&old);
-                    }
-                }
+        if self.window.len() >= self.last_n
+            && let Some(old) = self.window.pop_front()
+            && let Some(c) = self.counts.get_mut(&old)
+        {
+            *c -= 1;
+            if *c == 0 {
+                self.counts.remove(&old);
             }
         }
         self.window.push_back(token);
