@@ -101,7 +101,11 @@ fn decode_matches_prefill_and_reference() {
         let s: f64 = l.iter().map(|&x| f64::from(x - max).exp()).sum();
         f64::from(l[7042] - max).exp() / s
     };
-    assert!((p(&decode) - p(&want)).abs() < 0.02, "p(Paris) {}", p(&decode));
+    assert!(
+        (p(&decode) - p(&want)).abs() < 0.02,
+        "p(Paris) {}",
+        p(&decode)
+    );
 }
 
 #[test]

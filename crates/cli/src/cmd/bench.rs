@@ -1,14 +1,360 @@
-//! `damascus bench`: not implemented yet.
+//! `damascus bench`: prompt-processing (pp) and generation (tg) throughput, in the spirit of
+//! llama.cpp's `llama-bench`.
+//!
+//! * `ppN`: one forward pass of `N` random token ids on an empty context.
+//! * `tgN`: `N` single-token decode steps on an empty context.
+//!
+//! Each test runs once as a warm-up (not recorded), then `-r` times; the table gives the median,
+//! p5/p95 and standard deviation of the per-run tokens/second. `--json` lists every test by name
+//! (`pp512`, `tg128`) with its per-run samples (`samples_ts`, `samples_ns`, as llama-bench
+//! names them) and the process's peak RSS.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use damascus_model::{BackendKind, LoadOptions, Model};
 
 /// Flags of `damascus bench`.
-#[derive(clap::Args, Debug, Default)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: super::ModelArg,
+    /// Prompt lengths to test (comma-separated; 0 skips the pp tests).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips the tg tests).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Recorded repetitions of each test (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 10)]
+    repetitions: usize,
+    /// Threads (default: one per physical core).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// Run on the scalar reference backend instead of the fast CPU backend.
+    #[arg(long)]
+    reference: bool,
+    /// Print JSON instead of a markdown table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            model: super::ModelArg::default(),
+            n_prompt: vec![512],
+            n_gen: vec![128],
+            repetitions: 10,
+            threads: None,
+            reference: false,
+            json: false,
+        }
+    }
+}
+
+/// One test to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Test {
+    /// One forward pass of this many prompt tokens.
+    Prompt(usize),
+    /// This many decode steps.
+    Gen(usize),
+}
+
+impl Test {
+    fn name(self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Gen(n) => format!("tg{n}"),
+        }
+    }
+
+    fn n_tokens(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Gen(n) => n,
+        }
+    }
+}
+
+/// Summary statistics of per-run throughputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stats {
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Median.
+    pub median: f64,
+    /// 5th percentile (linear interpolation between order statistics).
+    pub p5: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// Sample standard deviation (0 for a single sample).
+    pub stddev: f64,
+}
+
+/// `q`-quantile (0..=1) of sorted `v`, interpolating linearly (numpy's default).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+/// Statistics of `samples` (any order).
+pub fn stats(samples: &[f64]) -> Stats {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len() as f64;
+    let mean = s.iter().sum::<f64>() / n;
+    let var = if s.len() > 1 {
+        s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    Stats {
+        mean,
+        median: quantile(&s, 0.5),
+        p5: quantile(&s, 0.05),
+        p95: quantile(&s, 0.95),
+        stddev: var.sqrt(),
+    }
+}
+
+/// xorshift64*: reproducible random token ids without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next_below(&mut self, n: usize) -> u32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+        (r % n.max(1) as u64) as u32
+    }
+}
+
+/// Runs `test` once on a fresh (reset) session; returns the elapsed nanoseconds.
+fn run_once(
+    session: &mut damascus_model::Session,
+    test: Test,
+    rng: &mut Rng,
+    n_vocab: usize,
+) -> anyhow::Result<u64> {
+    session.reset();
+    // [n] token ids, drawn before the clock starts.
+    let ids: Vec<u32> = (0..test.n_tokens())
+        .map(|_| rng.next_below(n_vocab))
+        .collect();
+    let t0 = Instant::now();
+    match test {
+        Test::Prompt(_) => {
+            session.eval(&ids)?;
+        }
+        Test::Gen(_) => {
+            for &id in &ids {
+                session.eval(&[id])?;
+            }
+        }
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
+}
+
+/// Peak resident set size of this process in bytes (`VmHWM`), if the OS reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Results of one test.
+struct Outcome {
+    test: Test,
+    samples_ns: Vec<u64>,
+    samples_ts: Vec<f64>,
+    stats: Stats,
 }
 
 /// Run `damascus bench`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("`damascus bench` is not implemented yet")
+    if args.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    if args.threads == Some(0) {
+        bail!("-t must be at least 1");
+    }
+    let tests: Vec<Test> = args
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| Test::Prompt(n))
+        .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)))
+        .collect();
+    if tests.is_empty() {
+        bail!("nothing to run: every -p and -n is 0");
+    }
+    let path = args.model.resolve()?;
+    let n_ctx = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
+    let threads = args
+        .threads
+        .unwrap_or_else(damascus_kernels::pool::physical_cores);
+    let opts = LoadOptions {
+        n_ctx: Some(n_ctx),
+        backend: if args.reference {
+            BackendKind::Reference
+        } else {
+            BackendKind::Cpu {
+                n_threads: Some(threads),
+            }
+        },
+    };
+    let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    let n_vocab = model.params().n_vocab;
+    let file = model.gguf();
+    let file_type = model
+        .config()
+        .file_type
+        .map_or_else(|| "unknown".to_string(), |f| f.name().to_string());
+    let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let size = file.file_size();
+    let model_name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    );
+    let backend = model.backend_name();
+    let threads = if args.reference { 1 } else { threads };
+
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut outcomes = Vec::new();
+    for &test in &tests {
+        let mut session = model.session_with_n_ctx(test.n_tokens())?;
+        eprint!("{}: warm-up", test.name());
+        run_once(&mut session, test, &mut rng, n_vocab)?;
+        let mut samples_ns = Vec::with_capacity(args.repetitions);
+        for r in 0..args.repetitions {
+            eprint!(" {}", r + 1);
+            samples_ns.push(run_once(&mut session, test, &mut rng, n_vocab)?.max(1));
+        }
+        eprintln!();
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&ns| test.n_tokens() as f64 * 1e9 / ns as f64)
+            .collect();
+        let stats = stats(&samples_ts);
+        outcomes.push(Outcome {
+            test,
+            samples_ns,
+            samples_ts,
+            stats,
+        });
+    }
+    let peak_rss = peak_rss_bytes();
+
+    if args.json {
+        let tests: Vec<_> = outcomes
+            .iter()
+            .map(|o| {
+                let (n_prompt, n_gen) = match o.test {
+                    Test::Prompt(n) => (n, 0),
+                    Test::Gen(n) => (0, n),
+                };
+                serde_json::json!({
+                    "name": o.test.name(),
+                    "n_prompt": n_prompt,
+                    "n_gen": n_gen,
+                    "samples_ns": o.samples_ns,
+                    "samples_ts": o.samples_ts,
+                    "avg_ts": o.stats.mean,
+                    "median_ts": o.stats.median,
+                    "p5_ts": o.stats.p5,
+                    "p95_ts": o.stats.p95,
+                    "stddev_ts": o.stats.stddev,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "model_filename": path.display().to_string(),
+            "model_type": model_name,
+            "file_type": file_type,
+            "model_size": size,
+            "model_n_params": n_params,
+            "backend": backend,
+            "n_threads": threads,
+            "repetitions": args.repetitions,
+            "peak_rss_bytes": peak_rss,
+            "tests": tests,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "| model | file type | size | params | backend | threads | test | t/s median | p5 | p95 | stddev |"
+    );
+    println!("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for o in &outcomes {
+        println!(
+            "| {model_name} | {file_type} | {:.2} GiB | {:.2} M | {backend} | {threads} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            size as f64 / (1u64 << 30) as f64,
+            n_params as f64 / 1e6,
+            o.test.name(),
+            o.stats.median,
+            o.stats.p5,
+            o.stats.p95,
+            o.stats.stddev,
+        );
+    }
+    if let Some(b) = peak_rss {
+        println!();
+        println!(
+            "peak RSS {:.1} MiB · {} runs per test after one warm-up",
+            b as f64 / (1u64 << 20) as f64,
+            args.repetitions
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_match_numpy() {
+        // numpy: median 3, percentile 5 → 1.2, 95 → 4.8, std(ddof=1) → 1.5811
+        let s = stats(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!(s.median, 3.0);
+        assert!((s.p5 - 1.2).abs() < 1e-12);
+        assert!((s.p95 - 4.8).abs() < 1e-12);
+        assert!((s.stddev - 1.581_138_830_084).abs() < 1e-9);
+        assert_eq!(s.mean, 3.0);
+        let one = stats(&[7.0]);
+        assert_eq!(
+            (one.median, one.p5, one.p95, one.stddev),
+            (7.0, 7.0, 7.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn test_names() {
+        assert_eq!(Test::Prompt(512).name(), "pp512");
+        assert_eq!(Test::Gen(128).name(), "tg128");
+    }
+
+    #[test]
+    fn random_ids_stay_in_range() {
+        let mut r = Rng(1);
+        assert!((0..10_000).all(|_| r.next_below(49_152) < 49_152));
+    }
 }

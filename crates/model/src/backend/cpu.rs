@@ -401,7 +401,12 @@ impl CpuBackend {
                     // A handful of tokens: each thread gets all of them and a share of the
                     // rows, which are strided in the output; gathered below.
                     (0..nt)
-                        .map(|t| (split_range(w.rows, ROW_ALIGN, t, nt), Mutex::new(&mut [][..])))
+                        .map(|t| {
+                            (
+                                split_range(w.rows, ROW_ALIGN, t, nt),
+                                Mutex::new(&mut [][..]),
+                            )
+                        })
                         .collect()
                 } else {
                     split_mut(&mut o.data, w.rows, 1, nt)
@@ -445,7 +450,16 @@ impl CpuBackend {
                     } else {
                         (0..w.rows, range.clone(), w.rows)
                     };
-                    self.block(w, bytes[i], &inp, rows, tokens, &mut g, stride, &mut scratch)
+                    self.block(
+                        w,
+                        bytes[i],
+                        &inp,
+                        rows,
+                        tokens,
+                        &mut g,
+                        stride,
+                        &mut scratch,
+                    )
                 };
                 if let Err(e) = res {
                     err.set(e);
@@ -687,8 +701,16 @@ impl Backend for CpuBackend {
         let (kc, vc) = (&kc[..], &vc[..]);
         let q_width = q.width;
         if n_tokens == 1 {
-            return attn_decode_f16(&q.data, kc, vc, dshape, pos0 + 1, &mut out.data, Some(&self.pool))
-                .map_err(|e| kernel_err("attention", e));
+            return attn_decode_f16(
+                &q.data,
+                kc,
+                vc,
+                dshape,
+                pos0 + 1,
+                &mut out.data,
+                Some(&self.pool),
+            )
+            .map_err(|e| kernel_err("attention", e));
         }
         // A prompt: tokens dealt round-robin (later ones see more positions).
         let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
