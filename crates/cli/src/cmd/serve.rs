@@ -1,14 +1,93 @@
-//! `damascus serve`: not implemented yet.
+//! `damascus serve`: an OpenAI-compatible HTTP server (see the `damascus-server` crate).
+//!
+//! ```text
+//! $ damascus serve                              # default model on 127.0.0.1:8080
+//! $ damascus serve -m model.gguf --port 9000 --parallel 4 --ctx-size 2048 --api-key secret
+//! ```
+//!
+//! Stops gracefully on Ctrl-C / SIGTERM.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use damascus_server::ServerConfig;
 
 /// Flags of `damascus serve`.
-#[derive(clap::Args, Debug, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     #[command(flatten)]
-    model: super::ModelArg,
+    engine: super::generate::EngineArgs,
+    /// Address to listen on (loopback by default; use 0.0.0.0 to expose it).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 = any free port).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Parallel slots: requests generated at once, each with its own KV cache.
+    #[arg(long, default_value_t = 2)]
+    parallel: usize,
+    /// Require `Authorization: Bearer KEY` (also read from DAMASCUS_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Most requests waiting for a slot; more are answered 503.
+    #[arg(long, default_value_t = 64)]
+    queue_size: usize,
+    /// Largest request body in bytes; larger is answered 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Upper bound of max_tokens (also the default when a request gives none).
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: usize,
+    /// Model id served (default: the GGUF file name without extension).
+    #[arg(long)]
+    model_id: Option<String>,
+    /// Other accepted model names (repeatable).
+    #[arg(long = "alias")]
+    aliases: Vec<String>,
+    /// Do not log one line per request to stderr.
+    #[arg(long)]
+    quiet: bool,
 }
 
 /// Run `damascus serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("`damascus serve` is not implemented yet")
+    let path = args.engine.model.resolve()?;
+    let (model, tok) = args.engine.load()?;
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "damascus".into())
+    });
+    let cfg = ServerConfig {
+        parallel: args.parallel,
+        n_ctx: args.engine.ctx_size,
+        queue_size: args.queue_size,
+        max_body_bytes: args.max_body,
+        max_tokens_cap: args.max_tokens,
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("DAMASCUS_API_KEY").ok())
+            .filter(|k| !k.is_empty()),
+        model_id: model_id.clone(),
+        aliases: args.aliases.clone(),
+        log_requests: !args.quiet,
+    };
+    let parallel = cfg.parallel;
+    let n_ctx = model.n_ctx();
+    damascus_server::run(
+        cfg,
+        Arc::new(model),
+        Arc::new(tok),
+        &args.host,
+        args.port,
+        |addr| {
+            eprintln!(
+                "damascus serve: model '{model_id}' ({} slots x {n_ctx} ctx) listening on http://{addr}",
+                parallel
+            );
+        },
+    )
+    .context("damascus serve")?;
+    Ok(())
 }

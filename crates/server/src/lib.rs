@@ -1,0 +1,312 @@
+//! `damascus serve`: an OpenAI-compatible HTTP server on tokio + axum.
+//!
+//! - [`routes`]: the HTTP surface (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   `/health`, `/tokenize`, `/detokenize`, `/metrics`), API-key check, OpenAI-shaped errors.
+//! - [`api`]: request parsing and validation into a [`worker::Job`], response JSON shapes.
+//! - [`worker`]: one thread per slot, each owning a KV cache ([`damascus_runtime::sequence::Sequence`],
+//!   which reuses the common prefix with the slot's previous request), fed by one bounded FIFO
+//!   queue (full queue = HTTP 503). Tokens stream back over a channel; a dropped receiver (client
+//!   gone) raises the generation's cancel flag.
+//! - [`metrics`]: counters and gauges rendered in Prometheus text format.
+//!
+//! Model work never runs on the async runtime: handlers only validate, enqueue and forward.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod metrics;
+pub mod routes;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use damascus_model::Model;
+use damascus_tokenizer::Tokenizer;
+
+/// Errors of the server crate (startup; request errors are [`routes::ApiError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding or configuring the listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Creating a slot's session or a worker thread failed.
+    #[error("starting slot {slot}: {message}")]
+    Slot {
+        /// Slot index.
+        slot: usize,
+        /// What went wrong.
+        message: String,
+    },
+    /// The tokio runtime or the server loop failed.
+    #[error("server runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    /// A configuration value out of range.
+    #[error("invalid server setting {name}: {message}")]
+    Config {
+        /// The setting.
+        name: &'static str,
+        /// Why it is invalid.
+        message: String,
+    },
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Number of slots (worker threads, each with its own KV cache).
+    pub parallel: usize,
+    /// Context length of each slot (positions); `None` = the model's default.
+    pub n_ctx: Option<usize>,
+    /// Most requests waiting for a slot; more get HTTP 503.
+    pub queue_size: usize,
+    /// Largest accepted request body, bytes; larger gets HTTP 413.
+    pub max_body_bytes: usize,
+    /// Upper bound of `max_tokens` (and the default when a request gives none).
+    pub max_tokens_cap: usize,
+    /// When set, every route but `/health` and `/metrics` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The model id reported by `/v1/models` and accepted in requests.
+    pub model_id: String,
+    /// Other accepted model names.
+    pub aliases: Vec<String>,
+    /// Print one log line per request to stderr.
+    pub log_requests: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            parallel: 2,
+            n_ctx: None,
+            queue_size: 64,
+            max_body_bytes: 1 << 20,
+            max_tokens_cap: 4096,
+            api_key: None,
+            model_id: "damascus".into(),
+            aliases: Vec::new(),
+            log_requests: true,
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    /// Settings.
+    pub cfg: ServerConfig,
+    /// The tokenizer (tokenize / detokenize / prompts).
+    pub tok: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub template: Option<damascus_tokenizer::ChatTemplate>,
+    /// Context length of each slot.
+    pub n_ctx: usize,
+    /// The job queue.
+    pub queue: worker::Queue,
+    /// Counters.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Unix time the server started (the `created` of `/v1/models`).
+    pub started: u64,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("cfg", &self.cfg)
+            .field("n_ctx", &self.n_ctx)
+            .finish()
+    }
+}
+
+/// A server running on a background thread (tests, embedding).
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
+}
+
+impl ServerHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the server (in-flight generations are cancelled) and waits for it.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Builds the shared state and starts the slot workers.
+fn build_state(
+    cfg: ServerConfig,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+) -> Result<(Arc<AppState>, worker::Workers), ServerError> {
+    if cfg.parallel == 0 || cfg.parallel > 64 {
+        return Err(ServerError::Config {
+            name: "parallel",
+            message: format!("{} (must be 1..=64)", cfg.parallel),
+        });
+    }
+    if cfg.queue_size == 0 {
+        return Err(ServerError::Config {
+            name: "queue_size",
+            message: "must be at least 1".into(),
+        });
+    }
+    let n_ctx = cfg.n_ctx.unwrap_or(model.n_ctx());
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (queue, workers) = worker::start(
+        Arc::clone(&model),
+        Arc::clone(&tok),
+        cfg.parallel,
+        n_ctx,
+        cfg.queue_size,
+        Arc::clone(&metrics),
+        cfg.log_requests,
+    )?;
+    let template = damascus_tokenizer::ChatTemplate::from_tokenizer(&tok).ok();
+    let state = Arc::new(AppState {
+        cfg,
+        tok,
+        template,
+        n_ctx,
+        queue,
+        metrics,
+        started: now_unix(),
+    });
+    Ok((state, workers))
+}
+
+async fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let app = routes::router(Arc::clone(&state));
+    let st = Arc::clone(&state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Cancel whatever is still generating so open streams end promptly.
+            st.queue.shutdown();
+        })
+        .await?;
+    Ok(())
+}
+
+/// Starts a server on `listener` (e.g. bound to `127.0.0.1:0`) on a background thread.
+pub fn spawn(
+    cfg: ServerConfig,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    listener: std::net::TcpListener,
+) -> Result<ServerHandle, ServerError> {
+    let addr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let (state, workers) = build_state(cfg, model, tok)?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("damascus-http".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            let res = rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                serve_on(listener, Arc::clone(&state), async move {
+                    let _ = rx.await;
+                })
+                .await
+            });
+            workers.join();
+            res
+        })?;
+    Ok(ServerHandle {
+        addr,
+        shutdown: Some(tx),
+        thread: Some(thread),
+    })
+}
+
+/// Binds `host:port`, serves until SIGINT or SIGTERM, then shuts down gracefully: in-flight
+/// generations are cancelled, connections drained, slot threads joined. `on_ready` is called
+/// with the bound address once listening.
+pub fn run(
+    cfg: ServerConfig,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    host: &str,
+    port: u16,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    let addr = format!("{host}:{port}");
+    let listener = std::net::TcpListener::bind(&addr).map_err(|source| ServerError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
+    listener.set_nonblocking(true)?;
+    let (state, workers) = build_state(cfg, model, tok)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let res = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        on_ready(listener.local_addr()?);
+        serve_on(listener, state, shutdown_signal()).await
+    });
+    workers.join();
+    res
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("damascus serve: shutting down");
+}
