@@ -41,6 +41,9 @@ pub struct EngineArgs {
     /// Context length (KV cache positions); default min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// Threads of the CPU backend (default: one per physical core).
+    #[arg(short = 't', long = "threads", conflicts_with = "reference")]
+    pub threads: Option<usize>,
     /// KV cache element type. NOTE: the model crate stores the cache in f32 for now; f16 is
     /// accepted and currently behaves like f32.
     #[arg(long, value_enum, default_value_t = CacheType::F16)]
@@ -53,10 +56,10 @@ impl EngineArgs {
         let path = self.model.resolve()?;
         let opts = LoadOptions {
             n_ctx: self.ctx_size,
-            backend: if self.reference {
-                BackendKind::Reference
-            } else {
-                BackendKind::Auto
+            backend: match (self.reference, self.threads) {
+                (true, _) => BackendKind::Reference,
+                (false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
+                (false, None) => BackendKind::Auto,
             },
         };
         let model =
