@@ -124,14 +124,12 @@ fn kernel_err(what: &str, e: quantdot::KernelError) -> ModelError {
     }
 }
 
+/// One thread's share of an output: its range of rows or tokens and its slice.
+type Chunk<'a, T> = (Range<usize>, Mutex<&'a mut [T]>);
+
 /// `data` cut into `nt` consecutive chunks of whole units (`unit` elements each), thread `t`
 /// getting `split_range(n_units, align, t, nt)`; each behind its own lock.
-fn split_mut<'a, T>(
-    data: &'a mut [T],
-    unit: usize,
-    align: usize,
-    nt: usize,
-) -> Vec<(Range<usize>, Mutex<&'a mut [T]>)> {
+fn split_mut<T>(data: &mut [T], unit: usize, align: usize, nt: usize) -> Vec<Chunk<'_, T>> {
     let n_units = data.len() / unit.max(1);
     let mut rest = data;
     let mut out = Vec::with_capacity(nt);
@@ -233,7 +231,7 @@ impl CpuBackend {
             err.into_result()?;
             Ok(out)
         }
-        if k % QK != 0 || (at == ActType::Q8_K && k % QK_K != 0) {
+        if !k.is_multiple_of(QK) || (at == ActType::Q8_K && !k.is_multiple_of(QK_K)) {
             return Err(ModelError::Tensor {
                 what: format!("matmul: row length {k} is not a whole number of {at:?} blocks"),
             });
@@ -391,7 +389,7 @@ impl CpuBackend {
         // Decode-sized inputs split rows; prompts split tokens.
         let by_rows = n_tokens < 2 * nt;
         // Per matrix, per thread: (range of rows or tokens, output chunk).
-        let chunks: Vec<Vec<(Range<usize>, Mutex<&mut [f32]>)>> = ws
+        let chunks: Vec<Vec<Chunk<'_, f32>>> = ws
             .iter()
             .zip(outs.iter_mut())
             .map(|(w, o)| {
