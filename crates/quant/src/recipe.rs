@@ -361,7 +361,7 @@ pub fn use_more_bits(i_layer: i64, n_layers: i64) -> bool {
 /// elements, and whether a fallback happened.
 pub fn fallback_type(ncols: u64, target: GgmlType) -> (GgmlType, bool) {
     let bs = target.block_size() as u64;
-    if bs == 0 || ncols % bs == 0 {
+    if ncols.is_multiple_of(bs) {
         return (target, false);
     }
     let next = match target {
@@ -381,7 +381,7 @@ pub fn fallback_type(ncols: u64, target: GgmlType) -> (GgmlType, bool) {
         other => other,
     };
     let nbs = next.block_size() as u64;
-    if nbs == 0 || ncols % nbs != 0 {
+    if !ncols.is_multiple_of(nbs) {
         (GgmlType::F16, true)
     } else {
         (next, true)
@@ -467,7 +467,7 @@ impl State<'_> {
 
         if cat == Category::Output || (self.has_tied_embeddings && cat == Category::TokenEmbd) {
             let bs = t.block_size() as u64;
-            if falcon || bs == 0 || ncols % bs != 0 {
+            if falcon || !ncols.is_multiple_of(bs) {
                 t = G::Q8_0;
             } else if t != G::Q8_0 {
                 t = G::Q6_K;

@@ -90,8 +90,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An indicatif progress bar for the conversion commands (`quantize`, `synth`).
-
 /// Progress over all tensor elements, with the current tensor in the message. Ctrl-C sets the
 /// cancel flag (the run stops and removes its temporary file); a second Ctrl-C exits at once.
 pub struct Bar {
