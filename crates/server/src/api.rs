@@ -337,12 +337,10 @@ pub fn chat_prompt(
         .render(&Value::Array(list), true, None)
         .map_err(|e| bad("messages", format!("chat template: {e}")))?;
     let mut ids = tok.encode(&text, false, true);
-    if tok.add_bos() {
-        if let Some(bos) = tok.bos() {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
+    if let Some(bos) = tok.bos().filter(|_| tok.add_bos())
+        && ids.first() != Some(&bos)
+    {
+        ids.insert(0, bos);
     }
     Ok(ids)
 }
