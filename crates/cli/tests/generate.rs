@@ -158,7 +158,16 @@ fn chat_piped_stdin_reuses_the_cache() {
                  /exit\n\
                  ignored after exit\n";
     let (stdout, stderr) = damascus(
-        &["chat", "--temp", "0", "-n", "24", "--stats-json"],
+        // The reference path: the reply's content is pinned (the fast path may drift).
+        &[
+            "chat",
+            "--reference",
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "--stats-json",
+        ],
         Some(input),
     );
     assert!(stdout.contains("Paris"), "stdout: {stdout}");
