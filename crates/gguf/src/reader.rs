@@ -52,7 +52,10 @@ impl TensorInfo {
             .dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
-        if self.row_len() % self.dtype.block_size() as u64 != 0 {
+        if !self
+            .row_len()
+            .is_multiple_of(self.dtype.block_size() as u64)
+        {
             return None;
         }
         self.dtype.row_bytes(n)

@@ -196,7 +196,7 @@ impl GgmlType {
     /// the block size or the size overflows `u64`.
     pub fn row_bytes(self, n_elems: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n_elems % bs != 0 {
+        if !n_elems.is_multiple_of(bs) {
             return None;
         }
         (n_elems / bs).checked_mul(self.type_size() as u64)

@@ -117,12 +117,12 @@ pub fn download(url: &str, dest: &Path, opts: &DownloadOptions) -> Result<(), Hu
             part,
         });
     }
-    if let Some(want) = opts.sha256 {
-        if let Err(e) = check_sha(&part, url, want) {
-            // A wrong file must not be resumed on the next run.
-            let _ = std::fs::remove_file(&part);
-            return Err(e);
-        }
+    if let Some(want) = opts.sha256
+        && let Err(e) = check_sha(&part, url, want)
+    {
+        // A wrong file must not be resumed on the next run.
+        let _ = std::fs::remove_file(&part);
+        return Err(e);
     }
     std::fs::rename(&part, dest).map_err(|e| HubError::io("rename into", dest, e))?;
     eprintln!("damascus: saved {}", dest.display());

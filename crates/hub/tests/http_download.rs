@@ -68,10 +68,10 @@ fn handle(
         if reader.read_line(&mut line)? == 0 || line == "\r\n" {
             break;
         }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("range") {
-                range = Some(v.trim().to_string());
-            }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("range")
+        {
+            range = Some(v.trim().to_string());
         }
     }
     log.lock().unwrap().push(range.clone());

@@ -1,9 +1,9 @@
 //! Compute kernels: scalar reference implementations (the oracle) and, later,
 //! SIMD implementations chosen at run time.
 
+pub mod attn_decode;
 pub mod cpu;
 pub mod cuda_probe;
-pub mod reference;
 pub mod pool;
 pub mod quantdot;
-pub mod attn_decode;
+pub mod reference;

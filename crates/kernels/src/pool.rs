@@ -180,7 +180,7 @@ fn worker(s: &Shared, t: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 || start.elapsed() < SPIN_FOR {
+            if !spins.is_multiple_of(256) || start.elapsed() < SPIN_FOR {
                 std::hint::spin_loop();
                 continue;
             }
@@ -251,7 +251,7 @@ mod tests {
                     for t in 0..nt {
                         let r = split_range(n, align, t, nt);
                         assert_eq!(r.start, next);
-                        assert!(r.start % align == 0 || r.start == n);
+                        assert!(r.start.is_multiple_of(align) || r.start == n);
                         next = r.end;
                     }
                     assert_eq!(next, n);

@@ -370,13 +370,13 @@ impl LlamaConfig {
                     }
                 }
                 None => {
-                    if let Some((layer, _)) = parse_block_name(&t.name) {
-                        if layer >= self.n_layer as u64 {
-                            return Err(ModelError::UnexpectedTensor {
-                                name: t.name.clone(),
-                                why: format!("the model has {} layers (block_count)", self.n_layer),
-                            });
-                        }
+                    if let Some((layer, _)) = parse_block_name(&t.name)
+                        && layer >= self.n_layer as u64
+                    {
+                        return Err(ModelError::UnexpectedTensor {
+                            name: t.name.clone(),
+                            why: format!("the model has {} layers (block_count)", self.n_layer),
+                        });
                     }
                 }
             }

@@ -44,13 +44,13 @@ impl DecoderParams {
     /// Checks internal consistency (the config loader checks against the tensors).
     pub fn validate(&self) -> Result<(), ModelError> {
         let bad = |what: String| Err(ModelError::Tensor { what });
-        if self.n_head == 0 || self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+        if self.n_head == 0 || self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
                 "n_head {} is not a positive multiple of n_head_kv {}",
                 self.n_head, self.n_head_kv
             ));
         }
-        if self.rope_dim % 2 != 0 || self.rope_dim > self.head_dim {
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
             return bad(format!(
                 "rope_dim {} must be even and ≤ head_dim {}",
                 self.rope_dim, self.head_dim

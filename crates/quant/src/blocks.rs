@@ -512,7 +512,7 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 
 /// Decodes a byte slice holding whole blocks into owned blocks (any alignment).
 pub fn read_blocks<B: Block>(bytes: &[u8]) -> Result<Vec<B>, QuantError> {
-    if bytes.len() % B::SIZE != 0 {
+    if !bytes.len().is_multiple_of(B::SIZE) {
         return Err(QuantError::SrcLen {
             expected: bytes.len() / B::SIZE * B::SIZE,
             found: bytes.len(),
@@ -525,7 +525,7 @@ pub fn read_blocks<B: Block>(bytes: &[u8]) -> Result<Vec<B>, QuantError> {
 /// number of blocks or the pointer is not aligned for `B` (use [`Block::read`] then).
 #[cfg(target_endian = "little")]
 pub fn cast_blocks<B: Block>(bytes: &[u8]) -> Result<&[B], QuantError> {
-    if bytes.len() % B::SIZE != 0 {
+    if !bytes.len().is_multiple_of(B::SIZE) {
         return Err(QuantError::SrcLen {
             expected: bytes.len() / B::SIZE * B::SIZE,
             found: bytes.len(),

@@ -115,7 +115,7 @@ pub fn can_quantize(dtype: GgmlType) -> bool {
 /// Bytes for `n_elems` elements of `dtype`, checking the block multiple.
 fn row_bytes(dtype: GgmlType, n_elems: usize) -> Result<usize, QuantError> {
     let bs = dtype.block_size();
-    if bs == 0 || n_elems % bs != 0 {
+    if bs == 0 || !n_elems.is_multiple_of(bs) {
         return Err(QuantError::NotBlockMultiple {
             dtype,
             n_elems,

@@ -144,7 +144,9 @@ fn bad_lengths_are_errors_not_panics() {
 fn quantize_throughput_smoke() {
     // Not a benchmark: prints rows/s so regressions are visible with --nocapture.
     let x = row(256 * 64, 7);
-    for name in ["Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "Q5_0", "Q8_0", "Q4_1", "F16"] {
+    for name in [
+        "Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "Q5_0", "Q8_0", "Q4_1", "F16",
+    ] {
         let dtype = GgmlType::from_name(name).unwrap();
         let mut q = vec![0u8; dtype.row_bytes(x.len() as u64).unwrap() as usize];
         let t = std::time::Instant::now();

@@ -172,13 +172,12 @@ impl BytePairModel {
             return;
         }
         let cacheable = word.len() <= MAX_CACHED_WORD;
-        if cacheable {
-            if let Ok(cache) = self.cache.lock() {
-                if let Some(ids) = cache.get(word) {
-                    out.extend_from_slice(ids);
-                    return;
-                }
-            }
+        if cacheable
+            && let Ok(cache) = self.cache.lock()
+            && let Some(ids) = cache.get(word)
+        {
+            out.extend_from_slice(ids);
+            return;
         }
         let start = out.len();
         self.encode_uncached(word, scratch, out);

@@ -135,14 +135,14 @@ impl Tokenizer {
             ("pad", spec.pad),
             ("unk", spec.unk),
         ] {
-            if let Some(id) = id {
-                if id as usize >= n {
-                    return Err(TokenizerError::BadSpecialId {
-                        name,
-                        id,
-                        n_vocab: n,
-                    });
-                }
+            if let Some(id) = id
+                && id as usize >= n
+            {
+                return Err(TokenizerError::BadSpecialId {
+                    name,
+                    id,
+                    n_vocab: n,
+                });
             }
         }
         let model = match spec.model {

@@ -223,10 +223,10 @@ fn compare_reference(c: &LlamaConfig, path: &Path) -> anyhow::Result<Vec<String>
     let mut out = Vec::new();
     let int = |k: &str| hf.get(k).and_then(Json::as_u64);
     let mut cmp_int = |k: &str, want: Option<u64>, have: u32| {
-        if let Some(w) = want {
-            if w != have as u64 {
-                out.push(format!("{k}: reference {w}, file {have}"));
-            }
+        if let Some(w) = want
+            && w != have as u64
+        {
+            out.push(format!("{k}: reference {w}, file {have}"));
         }
     };
     cmp_int("hidden_size", int("hidden_size"), c.n_embd);
@@ -258,21 +258,21 @@ fn compare_reference(c: &LlamaConfig, path: &Path) -> anyhow::Result<Vec<String>
             c.rope_theta
         ));
     }
-    if let Some(eps) = hf.get("rms_norm_eps").and_then(Json::as_f64) {
-        if !close(eps, c.rms_eps as f64, 1e-4) {
-            out.push(format!(
-                "rms_norm_eps: reference {eps:e}, file {:e}",
-                c.rms_eps
-            ));
-        }
+    if let Some(eps) = hf.get("rms_norm_eps").and_then(Json::as_f64)
+        && !close(eps, c.rms_eps as f64, 1e-4)
+    {
+        out.push(format!(
+            "rms_norm_eps: reference {eps:e}, file {:e}",
+            c.rms_eps
+        ));
     }
-    if let Some(tied) = hf.get("tie_word_embeddings").and_then(Json::as_bool) {
-        if tied != c.tied_embeddings {
-            out.push(format!(
-                "tie_word_embeddings: reference {tied}, file {}",
-                c.tied_embeddings
-            ));
-        }
+    if let Some(tied) = hf.get("tie_word_embeddings").and_then(Json::as_bool)
+        && tied != c.tied_embeddings
+    {
+        out.push(format!(
+            "tie_word_embeddings: reference {tied}, file {}",
+            c.tied_embeddings
+        ));
     }
     out.extend(compare_rope_scaling(
         c,
@@ -324,7 +324,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);

@@ -197,7 +197,7 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) -> Result<(), KernelError
 }
 
 fn check_lens(k: usize, blocks: usize, qk: usize) -> Result<(), KernelError> {
-    if k % qk != 0 || k / qk != blocks {
+    if !k.is_multiple_of(qk) || k / qk != blocks {
         return Err(KernelError::BadLength {
             what: "quantized activation blocks",
             expected: k.div_ceil(qk),

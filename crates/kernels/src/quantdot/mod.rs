@@ -147,7 +147,7 @@ impl WeightType {
     /// Bytes of one row of `k` elements, `None` if `k` is not a multiple of
     /// the block size.
     pub fn row_bytes(self, k: usize) -> Option<usize> {
-        if k % self.block_elems() != 0 {
+        if !k.is_multiple_of(self.block_elems()) {
             return None;
         }
         (k / self.block_elems()).checked_mul(self.block_bytes())

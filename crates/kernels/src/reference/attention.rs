@@ -36,7 +36,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], shape: AttnShape, pos0: usize,
     let q_width = n_head * head_dim;
     let kv_width = n_head_kv * head_dim;
     assert!(
-        q.len() % q_width == 0,
+        q.len().is_multiple_of(q_width),
         "attention: q is not [n_tokens, {n_head}, {head_dim}]"
     );
     let n_tokens = q.len() / q_width;

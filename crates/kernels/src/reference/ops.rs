@@ -9,7 +9,7 @@
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();
     assert!(
-        n > 0 && x.len() % n == 0,
+        n > 0 && x.len().is_multiple_of(n),
         "rms_norm: x is not [n_tokens, {n}]"
     );
     assert_eq!(x.len(), y.len(), "rms_norm: x and y differ in length");

@@ -95,7 +95,7 @@ pub fn rope(
     );
     let width = n_head * head_dim;
     assert!(
-        width > 0 && x.len() % width == 0,
+        width > 0 && x.len().is_multiple_of(width),
         "rope: x is not [n_tokens, {n_head}, {head_dim}]"
     );
     for (t, row) in x.chunks_exact_mut(width).enumerate() {
