@@ -94,14 +94,14 @@ def bytes_per_token(model: Path) -> int | None:
     return total
 
 
-def measure_bandwidth(threads: int) -> tuple[float | None, str]:
+def measure_bandwidth(threads: int, roofline_c: Path) -> tuple[float | None, str]:
     """Read bandwidth in GB/s at `threads` threads and where it came from."""
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc and ROOFLINE_C.exists():
+    if cc and roofline_c.exists():
         with tempfile.TemporaryDirectory() as d:
             exe = Path(d) / "roofline"
             ok = subprocess.run(
-                [cc, "-O2", "-march=native", "-pthread", str(ROOFLINE_C), "-o", str(exe)],
+                [cc, "-O2", "-march=native", "-pthread", str(roofline_c), "-o", str(exe)],
                 capture_output=True,
             )
             if ok.returncode == 0:
@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--damascus", default=str(REPO / "target" / "release" / "damascus"))
     ap.add_argument("--llama-bench", default=str(DEFAULT_LLAMA_BENCH))
     ap.add_argument("--bandwidth", type=float, help="GB/s; skips the measurement")
+    ap.add_argument("--roofline", type=Path, default=ROOFLINE_C, help="path of roofline.c")
     ap.add_argument("--append", type=Path, help="append the section to this markdown file")
     ap.add_argument("--note", default="", help="a line printed under the heading")
     args = ap.parse_args()
@@ -171,7 +172,7 @@ def main() -> None:
     if args.bandwidth:
         bw, bw_src = args.bandwidth, "given with --bandwidth"
     else:
-        bw, bw_src = measure_bandwidth(args.threads)
+        bw, bw_src = measure_bandwidth(args.threads, args.roofline)
 
     def fmt(xs: list[float]) -> str:
         return f"{quantile(xs, 0.5):.2f} ({quantile(xs, 0.05):.2f}–{quantile(xs, 0.95):.2f})"
@@ -199,8 +200,10 @@ def main() -> None:
             f"| {name} | {fmt(xa)} | {fmt(xb)} | {ma / mb:.2f}× | {'yes' if overlap else 'no'} "
             f"| {per_tok} | {pa} | {pb} |"
         )
+    isa = os.environ.get("DAMASCUS_ISA")
     cmd_line = (
-        f"tools/bench_compare.py -m {args.model} -t {args.threads} -p {args.n_prompt} "
+        (f"DAMASCUS_ISA={isa} " if isa else "")
+        + f"tools/bench_compare.py -m {args.model} -t {args.threads} -p {args.n_prompt} "
         f"-n {args.n_gen} --runs {args.runs}"
     )
     load = os.getloadavg()
