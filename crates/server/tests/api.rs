@@ -385,3 +385,35 @@ fn concurrent_clients_all_succeed() {
     }
     health_ok();
 }
+
+/// The real `openai` Python client against this server (tools/server_openai_test.py). Skipped,
+/// with a message, when python3 or the `openai` package is missing (`pip install openai`).
+#[test]
+fn openai_python_client() {
+    let has_openai = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!(
+            "SKIPPED openai_python_client: `python3 -c 'import openai'` failed (pip install openai)"
+        );
+        return;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tools/server_openai_test.py"
+    );
+    let base = format!("http://{}/v1", fixture().server.addr());
+    let out = std::process::Command::new("python3")
+        .args([script, "--base-url", &base, "--api-key", KEY])
+        .output()
+        .expect("run python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "openai client checks failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("all openai client checks passed"), "{text}");
+}
