@@ -14,7 +14,7 @@ use damascus_gguf::GgufFile;
 use damascus_gguf::keys::tensors as names;
 use damascus_kernels::reference::AttnShape;
 
-use crate::backend::{Backend, KvShape, RopeParams};
+use crate::backend::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::params::DecoderParams;
 use crate::tensor::FileTensor;
@@ -180,14 +180,25 @@ impl<B: Backend> Decoder<B> {
         &self.params
     }
 
-    /// A fresh sequence with a KV cache for `n_ctx` positions.
+    /// A fresh sequence with a KV cache for `n_ctx` positions of the backend's default type.
     pub fn new_state(&self, n_ctx: usize) -> Result<DecoderState<B>, ModelError> {
+        self.new_state_with(n_ctx, None)
+    }
+
+    /// A fresh sequence with a KV cache for `n_ctx` positions of `cache_type` (`None`: the
+    /// backend's default, [`Backend::default_cache_type`]).
+    pub fn new_state_with(
+        &self,
+        n_ctx: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<DecoderState<B>, ModelError> {
         let p = &self.params;
         let kv = self.backend.new_kv_cache(KvShape {
             n_layer: p.n_layer,
             n_ctx,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
+            cache_type: cache_type.unwrap_or_else(|| self.backend.default_cache_type()),
         })?;
         Ok(DecoderState {
             kv,

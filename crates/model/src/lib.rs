@@ -18,5 +18,6 @@ pub mod session;
 pub mod tensor;
 pub mod verify;
 
+pub use backend::KvCacheType;
 pub use error::ModelError;
 pub use session::{BackendKind, LoadOptions, Model, Session};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use damascus_gguf::GgufFile;
 
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
+use crate::backend::{Backend, KvCacheType};
 use crate::config::LlamaConfig;
 use crate::decoder::{Decoder, DecoderState, HiddenHook};
 use crate::error::ModelError;
@@ -38,6 +38,9 @@ pub struct LoadOptions {
     pub n_ctx: Option<usize>,
     /// Backend choice.
     pub backend: BackendKind,
+    /// KV cache element type; `None`: the backend's default (f16 on the fast CPU path, f32 on
+    /// the reference).
+    pub cache_type: Option<KvCacheType>,
 }
 
 /// Default context length when the user gives none.
@@ -46,7 +49,11 @@ pub const DEFAULT_N_CTX: usize = 4096;
 /// Backend-erased decoder: what a [`Model`] holds.
 trait Engine: Send + Sync {
     fn backend_name(&self) -> &'static str;
-    fn new_session(&self, n_ctx: usize) -> Result<Box<dyn SessionState>, ModelError>;
+    fn new_session(
+        &self,
+        n_ctx: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<Box<dyn SessionState>, ModelError>;
 }
 
 /// Backend-erased per-sequence state: what a [`Session`] holds.
@@ -62,8 +69,12 @@ impl<B: Backend> Engine for Arc<Decoder<B>> {
         self.backend().name()
     }
 
-    fn new_session(&self, n_ctx: usize) -> Result<Box<dyn SessionState>, ModelError> {
-        let state = self.new_state(n_ctx)?;
+    fn new_session(
+        &self,
+        n_ctx: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<Box<dyn SessionState>, ModelError> {
+        let state = self.new_state_with(n_ctx, cache_type)?;
         Ok(Box::new(SessionOf {
             decoder: Arc::clone(self),
             state,
@@ -101,6 +112,7 @@ pub struct Model {
     config: LlamaConfig,
     params: DecoderParams,
     n_ctx: usize,
+    cache_type: Option<KvCacheType>,
     engine: Box<dyn Engine>,
 }
 
@@ -160,6 +172,7 @@ impl Model {
             config,
             params,
             n_ctx,
+            cache_type: opts.cache_type,
             engine,
         })
     }
@@ -203,7 +216,7 @@ impl Model {
             });
         }
         Ok(Session {
-            inner: self.engine.new_session(n_ctx)?,
+            inner: self.engine.new_session(n_ctx, self.cache_type)?,
         })
     }
 }

@@ -9,7 +9,7 @@ use damascus_gguf::GgufFile;
 use damascus_model::backend::cpu::CpuBackend;
 use damascus_model::backend::reference::ReferenceBackend;
 use damascus_model::verify::{Fixture, compare_models, verify};
-use damascus_model::{LoadOptions, Model};
+use damascus_model::{KvCacheType, LoadOptions, Model};
 
 /// Fast-path bar on the logits.
 const MIN_LOGITS_COSINE: f64 = 0.999;
@@ -126,4 +126,59 @@ fn passes_hf_fixtures_within_fast_tolerance() {
         );
         assert_eq!(report.top1, report.top1_hf, "{name}: top-1 differs");
     }
+}
+
+/// The default model on the CPU backend (2 threads) with a `cache_type` KV cache.
+fn cpu_with_cache(cache_type: KvCacheType) -> Model {
+    let opts = LoadOptions {
+        cache_type: Some(cache_type),
+        ..opts()
+    };
+    Model::with_backend(file(), &opts, CpuBackend::new(Some(2))).expect("loading on cpu")
+}
+
+/// Logits after a prompt prefill then two decode steps (both attention paths).
+fn prefill_then_decode(m: &Model) -> Vec<f32> {
+    let mut s = m.session().unwrap();
+    s.eval(&[504, 3575, 282, 4649]).unwrap();
+    s.eval(&[314]).unwrap();
+    s.eval(&[7042]).unwrap()
+}
+
+#[test]
+fn f32_and_f16_caches_both_match_reference_and_differ() {
+    let want = prefill_then_decode(reference());
+    let f16 = prefill_then_decode(&cpu_with_cache(KvCacheType::F16));
+    let f32 = prefill_then_decode(&cpu_with_cache(KvCacheType::F32));
+    for (name, got) in [("f16", &f16), ("f32", &f32)] {
+        let c = cosine(got, &want);
+        assert!(c >= MIN_LOGITS_COSINE, "{name} cache: logits cosine {c}");
+        assert_eq!(argmax(got), argmax(&want), "{name} cache: top-1 differs");
+    }
+    assert_ne!(f16, f32, "the cache type changed nothing");
+    // The default is f16.
+    assert_eq!(prefill_then_decode(&cpu(2)), f16);
+}
+
+#[test]
+fn reference_honours_the_cache_type() {
+    let load = |cache_type| {
+        let opts = LoadOptions {
+            cache_type,
+            ..opts()
+        };
+        Model::with_backend(file(), &opts, ReferenceBackend).unwrap()
+    };
+    let default = prefill_then_decode(reference());
+    let f32 = prefill_then_decode(&load(Some(KvCacheType::F32)));
+    let f16 = prefill_then_decode(&load(Some(KvCacheType::F16)));
+    // The reference defaults to an f32 cache; an f16 one is rounded, close but not equal.
+    assert_eq!(default, f32);
+    assert_ne!(f16, f32, "f16 rounding changed nothing");
+    let c = cosine(&f16, &f32);
+    assert!(
+        c >= MIN_LOGITS_COSINE,
+        "f16 vs f32 cache: logits cosine {c}"
+    );
+    assert_eq!(argmax(&f16), argmax(&f32));
 }

@@ -27,6 +27,7 @@ fn model() -> &'static Model {
                 n_ctx: Some(64),
                 // These fixtures hold the reference path to the reference tolerance.
                 backend: damascus_model::BackendKind::Reference,
+                ..Default::default()
             },
         )
         .expect("loading the default model")

@@ -65,6 +65,7 @@ fn check(model_path: &Path, fixture: &Fixture) {
             n_ctx: Some(64),
             // These fixtures hold the reference path to the reference tolerance.
             backend: damascus_model::BackendKind::Reference,
+            ..Default::default()
         },
     )
     .expect("loading the generated model");

@@ -32,6 +32,7 @@ fn load_on(n_ctx: usize, backend: BackendKind) -> (Model, Tokenizer) {
     let opts = LoadOptions {
         n_ctx: Some(n_ctx),
         backend,
+        ..Default::default()
     };
     let model = Model::load(model_path(), &opts).expect("load model");
     let tok = Tokenizer::from_gguf(model.gguf()).expect("tokenizer");

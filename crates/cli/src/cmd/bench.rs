@@ -219,6 +219,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 n_threads: Some(threads),
             }
         },
+        ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let n_vocab = model.params().n_vocab;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
-use damascus_model::{BackendKind, LoadOptions, Model};
+use damascus_model::{BackendKind, KvCacheType, LoadOptions, Model};
 use damascus_runtime::generate::{Completion, Event, GenerateConfig, Generator};
 use damascus_runtime::sampler::{SamplerChain, SamplerConfig, SamplerKind};
 use damascus_runtime::sequence::Sequence;
@@ -44,10 +44,9 @@ pub struct EngineArgs {
     /// Threads of the CPU backend (default: one per physical core).
     #[arg(short = 't', long = "threads", conflicts_with = "reference")]
     pub threads: Option<usize>,
-    /// KV cache element type. NOTE: the model crate stores the cache in f32 for now; f16 is
-    /// accepted and currently behaves like f32.
-    #[arg(long, value_enum, default_value_t = CacheType::F16)]
-    pub cache_type: CacheType,
+    /// KV cache element type [default: f16 on the fast path, f32 on --reference].
+    #[arg(long, value_enum)]
+    pub cache_type: Option<CacheType>,
 }
 
 impl EngineArgs {
@@ -61,6 +60,10 @@ impl EngineArgs {
                 (false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
                 (false, None) => BackendKind::Auto,
             },
+            cache_type: self.cache_type.map(|t| match t {
+                CacheType::F32 => KvCacheType::F32,
+                CacheType::F16 => KvCacheType::F16,
+            }),
         };
         let model =
             Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

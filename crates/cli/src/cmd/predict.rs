@@ -63,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             BackendKind::Auto
         },
+        ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?;

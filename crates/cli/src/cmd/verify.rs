@@ -45,6 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             BackendKind::Auto
         },
+        ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let base = if args.reference {

@@ -1,8 +1,8 @@
 //! The fast CPU backend: weights stay in the memory mapping, activations are quantized once per
 //! matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the SIMD dot
 //! products of [`damascus_kernels::quantdot`] (ISA chosen once at run time), split over the
-//! kernels' persistent [`ThreadPool`]. The KV cache is f16, head-major, and decode attention uses
-//! [`attn_decode_f16`].
+//! kernels' persistent [`ThreadPool`]. The KV cache is head-major, f16 by default (attention
+//! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads).
 //!
 //! Work split:
 //! * one token (decode): every matrix is split by rows across the threads; Q/K/V and gate/up
@@ -30,7 +30,7 @@ use damascus_kernels::reference::AttnShape;
 use damascus_quant::dequantize_row;
 
 use super::reference::HostAct;
-use super::{Backend, KvShape, RopeParams};
+use super::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
 
@@ -98,14 +98,85 @@ pub struct CpuMatrix {
     kind: MatKind,
 }
 
-/// The f16 KV cache of every layer, head-major so each thread streams whole heads.
+/// The KV cache of every layer, head-major so each thread streams whole heads.
 #[derive(Debug)]
 pub struct CpuKvCache {
     shape: KvShape,
-    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (keys).
-    k: Vec<Vec<u16>>,
-    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (values).
-    v: Vec<Vec<u16>>,
+    store: KvStore,
+}
+
+/// Keys and values of every layer in one element type.
+#[derive(Debug)]
+enum KvStore {
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (keys, then values).
+    F16 { k: Vec<Vec<u16>>, v: Vec<Vec<u16>> },
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` f32 (keys, then values).
+    F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+}
+
+/// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into
+/// head-major layer caches at `pos0`: token t, head h → `kc[(h * n_ctx + pos0 + t) * hd ..]`.
+#[allow(clippy::too_many_arguments)]
+fn append_kv<T>(
+    kc: &mut [T],
+    vc: &mut [T],
+    kk: &[f32],
+    v: &[f32],
+    n_head_kv: usize,
+    hd: usize,
+    n_ctx: usize,
+    pos0: usize,
+    conv: impl Fn(f32) -> T,
+) {
+    let kv_width = n_head_kv * hd;
+    for t in 0..kk.len() / kv_width.max(1) {
+        for h in 0..n_head_kv {
+            let src = t * kv_width + h * hd..t * kv_width + (h + 1) * hd;
+            let dst = (h * n_ctx + pos0 + t) * hd;
+            for (d, &x) in kc[dst..dst + hd].iter_mut().zip(&kk[src.clone()]) {
+                *d = conv(x);
+            }
+            for (d, &x) in vc[dst..dst + hd].iter_mut().zip(&v[src]) {
+                *d = conv(x);
+            }
+        }
+    }
+}
+
+/// f32 attention of one token's query heads `heads` against the first `n_visible` positions
+/// of head-major f32 caches `kc`, `vc` (`[n_head_kv, n_ctx, hd]`). `q`: `[n_head, hd]` f32 (the
+/// whole token), `out`: `[heads.len(), hd]` f32, `scores`: scratch.
+#[allow(clippy::too_many_arguments)]
+fn attn_heads_f32(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    heads: Range<usize>,
+    group: usize,
+    hd: usize,
+    n_ctx: usize,
+    n_visible: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (i, h) in heads.enumerate() {
+        let base = (h / group) * n_ctx * hd;
+        let qh = &q[h * hd..(h + 1) * hd];
+        scores.clear();
+        scores.extend(
+            (0..n_visible).map(|p| dot_f32(qh, &kc[base + p * hd..base + (p + 1) * hd]) * scale),
+        );
+        k::softmax(scores);
+        let oh = &mut out[i * hd..(i + 1) * hd];
+        oh.fill(0.0);
+        for (p, &w) in scores.iter().enumerate() {
+            let vp = &vc[base + p * hd..base + (p + 1) * hd];
+            for (o, &x) in oh.iter_mut().zip(vp) {
+                *o += w * x;
+            }
+        }
+    }
 }
 
 fn check_len(op: &str, what: &str, found: usize, expected: usize) -> Result<(), ModelError> {
@@ -492,6 +563,77 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// Attention of every token of `q` (`[n_tokens, n_head * hd]` f32, token t at `pos0 + t`)
+    /// against head-major f32 layer caches already holding the new positions. One token:
+    /// split over heads; a prompt: tokens dealt round-robin.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_f32(
+        &self,
+        kc: &[f32],
+        vc: &[f32],
+        shape: AttnShape,
+        n_ctx: usize,
+        pos0: usize,
+        q: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        let AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+        } = shape;
+        if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
+            return Err(ModelError::Tensor {
+                what: format!("attention: {n_head} heads are not a multiple of {n_head_kv}"),
+            });
+        }
+        let group = n_head / n_head_kv;
+        let (n_tokens, q_width) = (q.n_tokens, q.width);
+        if n_tokens == 1 {
+            let chunks = split_mut(&mut out.data, hd, 1, self.pool.n_threads());
+            self.pool.run(&|t, _| {
+                let (heads, chunk) = &chunks[t];
+                let mut o = chunk.lock().unwrap_or_else(|p| p.into_inner());
+                let mut scores = Vec::with_capacity(pos0 + 1); // [n_visible] f32
+                attn_heads_f32(
+                    &q.data,
+                    kc,
+                    vc,
+                    heads.clone(),
+                    group,
+                    hd,
+                    n_ctx,
+                    pos0 + 1,
+                    &mut o,
+                    &mut scores,
+                );
+            });
+            return Ok(());
+        }
+        let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
+        self.pool.run(&|t, nt| {
+            let mut scores = Vec::with_capacity(pos0 + n_tokens); // [n_visible] f32
+            for tok in (t..n_tokens).step_by(nt) {
+                let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
+                attn_heads_f32(
+                    &q.data[tok * q_width..(tok + 1) * q_width],
+                    kc,
+                    vc,
+                    0..n_head,
+                    group,
+                    hd,
+                    n_ctx,
+                    pos0 + tok + 1,
+                    &mut o,
+                    &mut scores,
+                );
+            }
+        });
+        Ok(())
+    }
+}
+
 /// `Σ a·b` with eight independent accumulators (vectorizes without `unsafe`).
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
@@ -557,11 +699,17 @@ impl Backend for CpuBackend {
     fn new_kv_cache(&self, shape: KvShape) -> Result<CpuKvCache, ModelError> {
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
         // Zeroed allocations are lazily backed by the OS: only touched pages cost memory.
-        Ok(CpuKvCache {
-            shape,
-            k: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
-            v: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
-        })
+        let store = match shape.cache_type {
+            KvCacheType::F16 => KvStore::F16 {
+                k: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
+                v: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
+            },
+            KvCacheType::F32 => KvStore::F32 {
+                k: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
+                v: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
+            },
+        };
+        Ok(CpuKvCache { shape, store })
     }
 
     fn embed(&self, table: &CpuMatrix, ids: &[u32], out: &mut HostAct) -> Result<(), ModelError> {
@@ -669,27 +817,35 @@ impl Backend for CpuBackend {
                 ),
             });
         }
-        let (kc, vc) = match (cache.k.get_mut(layer), cache.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => {
-                return Err(ModelError::Tensor {
-                    what: format!("attention: no cache for layer {layer}"),
-                });
+        let no_layer = || ModelError::Tensor {
+            what: format!("attention: no cache for layer {layer}"),
+        };
+        let (kc, vc) = match &mut cache.store {
+            KvStore::F16 { k: ks, v: vs } => (ks.get_mut(layer), vs.get_mut(layer)),
+            KvStore::F32 { k: ks, v: vs } => {
+                let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
+                    (Some(kc), Some(vc)) => (kc, vc),
+                    _ => return Err(no_layer()),
+                };
+                append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |x| x);
+                return self.attention_f32(kc, vc, shape, n_ctx, pos0, q, out);
             }
         };
-        // Append the new positions: token t, head h → kc[(h * n_ctx + pos0 + t) * hd ..].
-        for t in 0..n_tokens {
-            for h in 0..n_head_kv {
-                let src = t * kv_width + h * hd..t * kv_width + (h + 1) * hd;
-                let dst = (h * n_ctx + pos0 + t) * hd;
-                for (d, &s) in kc[dst..dst + hd].iter_mut().zip(&kk.data[src.clone()]) {
-                    *d = quantdot::f32_to_f16(s);
-                }
-                for (d, &s) in vc[dst..dst + hd].iter_mut().zip(&v.data[src]) {
-                    *d = quantdot::f32_to_f16(s);
-                }
-            }
-        }
+        let (kc, vc) = match (kc, vc) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(no_layer()),
+        };
+        append_kv(
+            kc,
+            vc,
+            &kk.data,
+            &v.data,
+            n_head_kv,
+            hd,
+            n_ctx,
+            pos0,
+            quantdot::f32_to_f16,
+        );
         let dshape = DecodeShape {
             n_head: shape.n_head,
             n_head_kv,

@@ -34,6 +34,18 @@ pub struct KvShape {
     pub n_head_kv: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// Element type of the stored keys and values.
+    pub cache_type: KvCacheType,
+}
+
+/// Element type of the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheType {
+    /// 16-bit floats (half the memory; the fast path's default).
+    #[default]
+    F16,
+    /// 32-bit floats (the reference backend's default).
+    F32,
 }
 
 /// Rotary embedding parameters, fixed at load.
@@ -74,6 +86,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Allocates a KV cache for `shape.n_ctx` positions of every layer.
     fn new_kv_cache(&self, shape: KvShape) -> Result<Self::KvCache, ModelError>;
+
+    /// The KV cache element type used when the caller asks for none.
+    fn default_cache_type(&self) -> KvCacheType {
+        KvCacheType::F16
+    }
 
     /// Called before the ops of one forward pass (a CUDA backend may start graph capture or
     /// replay here). Default: nothing.

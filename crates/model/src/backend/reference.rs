@@ -1,10 +1,12 @@
 //! The scalar f32 reference backend: host activations, weights read straight from the mapping
-//! and dequantized one row at a time, an f32 KV cache. The oracle for every other backend.
+//! and dequantized one row at a time, an f32 KV cache (by default; an f16 cache is emulated by
+//! rounding keys and values through f16 as they are stored). The oracle for every other backend.
 
+use damascus_kernels::quantdot::{f16_to_f32, f32_to_f16};
 use damascus_kernels::reference as k;
 use damascus_kernels::reference::AttnShape;
 
-use super::{Backend, KvShape, RopeParams};
+use super::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
 
@@ -23,7 +25,8 @@ pub struct HostAct {
     pub data: Vec<f32>,
 }
 
-/// The f32 KV cache of every layer.
+/// The KV cache of every layer, held in f32 (values f16-rounded when `shape.cache_type` is
+/// [`KvCacheType::F16`]).
 #[derive(Debug)]
 pub struct HostKvCache {
     shape: KvShape,
@@ -69,6 +72,10 @@ impl Backend for ReferenceBackend {
             width,
             data: vec![0.0; n_tokens * width],
         })
+    }
+
+    fn default_cache_type(&self) -> KvCacheType {
+        KvCacheType::F32
     }
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<HostKvCache, ModelError> {
@@ -163,7 +170,12 @@ impl Backend for ReferenceBackend {
         };
         let span = pos0 * kv_width..(pos0 + n_tokens) * kv_width;
         kc[span.clone()].copy_from_slice(&kk.data);
-        vc[span].copy_from_slice(&v.data);
+        vc[span.clone()].copy_from_slice(&v.data);
+        if cache.shape.cache_type == KvCacheType::F16 {
+            for x in kc[span.clone()].iter_mut().chain(vc[span].iter_mut()) {
+                *x = f16_to_f32(f32_to_f16(*x));
+            }
+        }
         let valid = (pos0 + n_tokens) * kv_width;
         k::attention(
             &q.data,
