@@ -29,7 +29,7 @@ use damascus_kernels::reference as k;
 use damascus_kernels::reference::AttnShape;
 use damascus_quant::dequantize_row;
 
-use super::reference::HostAct;
+use super::reference::{HostAct, check_len, host_ops};
 use super::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
@@ -176,16 +176,6 @@ fn attn_heads_f32(
                 *o += w * x;
             }
         }
-    }
-}
-
-fn check_len(op: &str, what: &str, found: usize, expected: usize) -> Result<(), ModelError> {
-    if found == expected {
-        Ok(())
-    } else {
-        Err(ModelError::Tensor {
-            what: format!("{op}: {what} has {found} elements, expected {expected}"),
-        })
     }
 }
 
@@ -884,27 +874,15 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
-        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
-        k::swiglu(&mut gate.data, &up.data);
-        Ok(())
+        host_ops::swiglu(gate, up)
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
-        check_len("add", "y", y.data.len(), x.data.len())?;
-        k::add(&mut x.data, &y.data);
-        Ok(())
+        host_ops::add(x, y)
     }
 
     fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
-        check_len("copy_row", "dst", dst.data.len(), src.width)?;
-        if row >= src.n_tokens {
-            return Err(ModelError::Tensor {
-                what: format!("copy_row: row {row} of {}", src.n_tokens),
-            });
-        }
-        dst.data
-            .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
-        Ok(())
+        host_ops::copy_row(src, row, dst)
     }
 
     fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {

@@ -36,13 +36,53 @@ pub struct HostKvCache {
     v: Vec<Vec<f32>>,
 }
 
-fn check_len(op: &str, what: &str, found: usize, expected: usize) -> Result<(), ModelError> {
+/// Checks that a buffer has the expected number of elements (shared by the host backends).
+pub(super) fn check_len(
+    op: &str,
+    what: &str,
+    found: usize,
+    expected: usize,
+) -> Result<(), ModelError> {
     if found == expected {
         Ok(())
     } else {
         Err(ModelError::Tensor {
             what: format!("{op}: {what} has {found} elements, expected {expected}"),
         })
+    }
+}
+
+/// The element-wise and copy ops on host activations, shared by every backend whose
+/// activations are [`HostAct`] (the reference and the CPU backend).
+pub(super) mod host_ops {
+    use super::{HostAct, check_len, k};
+    use crate::error::ModelError;
+
+    /// `gate = silu(gate) * up` — [n_tokens, n_ff] f32 each.
+    pub fn swiglu(gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
+        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
+        k::swiglu(&mut gate.data, &up.data);
+        Ok(())
+    }
+
+    /// `x += y` — [n_tokens, width] f32 each.
+    pub fn add(x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
+        check_len("add", "y", y.data.len(), x.data.len())?;
+        k::add(&mut x.data, &y.data);
+        Ok(())
+    }
+
+    /// `dst = src[row]` — src [n_tokens, width], dst [1, width].
+    pub fn copy_row(src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
+        check_len("copy_row", "dst", dst.data.len(), src.width)?;
+        if row >= src.n_tokens {
+            return Err(ModelError::Tensor {
+                what: format!("copy_row: row {row} of {}", src.n_tokens),
+            });
+        }
+        dst.data
+            .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
+        Ok(())
     }
 }
 
@@ -189,27 +229,15 @@ impl Backend for ReferenceBackend {
     }
 
     fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
-        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
-        k::swiglu(&mut gate.data, &up.data);
-        Ok(())
+        host_ops::swiglu(gate, up)
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
-        check_len("add", "y", y.data.len(), x.data.len())?;
-        k::add(&mut x.data, &y.data);
-        Ok(())
+        host_ops::add(x, y)
     }
 
     fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
-        check_len("copy_row", "dst", dst.data.len(), src.width)?;
-        if row >= src.n_tokens {
-            return Err(ModelError::Tensor {
-                what: format!("copy_row: row {row} of {}", src.n_tokens),
-            });
-        }
-        dst.data
-            .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
-        Ok(())
+        host_ops::copy_row(src, row, dst)
     }
 
     fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {
