@@ -717,10 +717,7 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
-        check_len("rms_norm", "x row", x.width, w.len())?;
-        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
-        k::rms_norm(&x.data, w, eps, &mut out.data);
-        Ok(())
+        host_ops::rms_norm(x, w, eps, out)
     }
 
     fn matmul(&self, w: &CpuMatrix, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
@@ -758,16 +755,7 @@ impl Backend for CpuBackend {
         pos0: usize,
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
-        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
-        k::rope(
-            &mut x.data,
-            n_head,
-            rope.head_dim,
-            pos0,
-            &rope.inv_freq,
-            rope.layout,
-        );
-        Ok(())
+        host_ops::rope(x, n_head, pos0, rope)
     }
 
     fn attention(

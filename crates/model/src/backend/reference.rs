@@ -55,8 +55,35 @@ pub(super) fn check_len(
 /// The element-wise and copy ops on host activations, shared by every backend whose
 /// activations are [`HostAct`] (the reference and the CPU backend).
 pub(super) mod host_ops {
-    use super::{HostAct, check_len, k};
+    use super::{HostAct, RopeParams, check_len, k};
     use crate::error::ModelError;
+
+    /// `out = rms_norm(x) * w` — x, out [n_tokens, width] f32; w [width] f32.
+    pub fn rms_norm(x: &HostAct, w: &[f32], eps: f32, out: &mut HostAct) -> Result<(), ModelError> {
+        check_len("rms_norm", "x row", x.width, w.len())?;
+        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
+        k::rms_norm(&x.data, w, eps, &mut out.data);
+        Ok(())
+    }
+
+    /// Rotary embedding in place — x [n_tokens, n_head * head_dim] f32, positions pos0.. .
+    pub fn rope(
+        x: &mut HostAct,
+        n_head: usize,
+        pos0: usize,
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
+        k::rope(
+            &mut x.data,
+            n_head,
+            rope.head_dim,
+            pos0,
+            &rope.inv_freq,
+            rope.layout,
+        );
+        Ok(())
+    }
 
     /// `gate = silu(gate) * up` — [n_tokens, n_ff] f32 each.
     pub fn swiglu(gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
@@ -143,10 +170,7 @@ impl Backend for ReferenceBackend {
         eps: f32,
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
-        check_len("rms_norm", "x row", x.width, w.len())?;
-        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
-        k::rms_norm(&x.data, w, eps, &mut out.data);
-        Ok(())
+        host_ops::rms_norm(x, w, eps, out)
     }
 
     fn matmul(&self, w: &FileTensor, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
@@ -165,16 +189,7 @@ impl Backend for ReferenceBackend {
         pos0: usize,
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
-        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
-        k::rope(
-            &mut x.data,
-            n_head,
-            rope.head_dim,
-            pos0,
-            &rope.inv_freq,
-            rope.layout,
-        );
-        Ok(())
+        host_ops::rope(x, n_head, pos0, rope)
     }
 
     fn attention(
