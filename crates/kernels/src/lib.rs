@@ -4,6 +4,7 @@
 pub mod attn_decode;
 pub mod cpu;
 pub mod cuda_probe;
+pub mod gemm;
 pub mod pool;
 pub mod quantdot;
 pub mod reference;

@@ -21,6 +21,7 @@ use std::sync::Mutex;
 
 use damascus_gguf::GgmlType;
 use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
+use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
 use damascus_kernels::pool::{ThreadPool, physical_cores, split_range};
 use damascus_kernels::quantdot::{
     self, ActType, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, DotKernels, Isa, QK, QK_K, WeightType,
@@ -37,6 +38,11 @@ use crate::tensor::FileTensor;
 /// Tokens per prefill tile: each weight row is read once per tile.
 pub const TOKEN_TILE: usize = 8;
 
+/// Fewest tokens a matmul sends through the prefill GEMM ([`damascus_kernels::gemm`]); fewer
+/// go through the per-token dot products, which read each weight block once without
+/// unpacking it.
+pub const GEMM_MIN_TOKENS: usize = 16;
+
 /// Output rows per scheduling unit in row splits (16 f32 = one cache line, so threads never
 /// share a line of the output).
 const ROW_ALIGN: usize = 16;
@@ -45,6 +51,8 @@ const ROW_ALIGN: usize = 16;
 pub struct CpuBackend {
     pool: ThreadPool,
     kern: &'static DotKernels,
+    /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
+    gemm: Option<GemmPath>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -61,10 +69,22 @@ impl CpuBackend {
     /// process-wide kernel table ([`quantdot::kernels`], honouring `DAMASCUS_ISA`).
     pub fn new(n_threads: Option<usize>) -> CpuBackend {
         let n = n_threads.filter(|&n| n > 0).unwrap_or_else(physical_cores);
+        let kern = quantdot::kernels();
+        let gemm_off = std::env::var("DAMASCUS_GEMM").is_ok_and(|v| v.trim() == "0");
+        let gemm = (!gemm_off)
+            // The chosen level, not the dot table's (AMX shares the VNNI dot products).
+            .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
+            .filter(|p| p.is_available());
         CpuBackend {
             pool: ThreadPool::new(n),
-            kern: quantdot::kernels(),
+            kern,
+            gemm,
         }
+    }
+
+    /// The prefill GEMM path in use (`None`: prompts use the per-token dot products).
+    pub fn gemm_path(&self) -> Option<GemmPath> {
+        self.gemm
     }
 
     /// Threads taking part in each op (the caller included).
@@ -96,6 +116,8 @@ pub struct CpuMatrix {
     cols: usize,
     row_bytes: usize,
     kind: MatKind,
+    /// Whether the prefill GEMM can take this matrix.
+    gemm_ok: bool,
 }
 
 /// The KV cache of every layer, head-major so each thread streams whole heads.
@@ -437,6 +459,11 @@ impl CpuBackend {
                 });
             }
         }
+        if let Some(path) = self.gemm.filter(|_| n_tokens >= GEMM_MIN_TOKENS)
+            && ws.iter().all(|w| w.gemm_ok && w.cols == x.width)
+        {
+            return self.gemm_matmuls(path, ws, x, outs, swiglu);
+        }
         let inp = self.input(x, ws)?;
         let views = ws
             .iter()
@@ -554,6 +581,35 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
+    /// [`CpuBackend::matmuls`] through the prefill GEMM: `x` packed once, one GEMM per matrix.
+    fn gemm_matmuls(
+        &self,
+        path: GemmPath,
+        ws: &[&CpuMatrix],
+        x: &HostAct,
+        outs: &mut [&mut HostAct],
+        swiglu: bool,
+    ) -> Result<(), ModelError> {
+        let xp = PackedActs::new(&x.data, x.n_tokens, x.width)
+            .map_err(|e| kernel_err("gemm input", e))?;
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            let view = w.tensor.view()?;
+            let wr = WeightRef {
+                dtype: w.dtype,
+                bytes: view.bytes()?,
+                rows: w.rows,
+                cols: w.cols,
+            };
+            gemm::gemm(path, wr, &xp, &mut o.data, Some(&self.pool))
+                .map_err(|e| kernel_err(w.tensor.name(), e))?;
+        }
+        if swiglu {
+            let (g, rest) = outs.split_at_mut(1);
+            k::swiglu(&mut g[0].data, &rest[0].data);
+        }
+        Ok(())
+    }
+
     /// Attention of every token of `q` (`[n_tokens, n_head * hd]` f32, token t at `pos0 + t`)
     /// against head-major f32 layer caches already holding the new positions. One token:
     /// split over heads; a prompt: tokens dealt round-robin.
@@ -653,6 +709,7 @@ impl Backend for CpuBackend {
             Isa::Scalar => "cpu-scalar",
             Isa::Avx2 => "cpu-avx2",
             Isa::Avx512 => "cpu-avx512",
+            Isa::Vnni | Isa::Amx if self.gemm == Some(GemmPath::Amx) => "cpu-amx",
             Isa::Vnni | Isa::Amx => "cpu-vnni",
         }
     }
@@ -664,6 +721,14 @@ impl Backend for CpuBackend {
             Some(wt) if wt.row_bytes(wv.cols) == Some(wv.row_bytes()) => MatKind::Quant(wt),
             _ => MatKind::Dequant,
         };
+        let gemm_ok = WeightRef {
+            dtype: wv.dtype,
+            bytes: view.bytes()?,
+            rows: wv.rows,
+            cols: wv.cols,
+        }
+        .unsupported()
+        .is_none();
         Ok(CpuMatrix {
             tensor: w.clone(),
             dtype: wv.dtype,
@@ -671,6 +736,7 @@ impl Backend for CpuBackend {
             cols: wv.cols,
             row_bytes: wv.row_bytes(),
             kind,
+            gemm_ok,
         })
     }
 

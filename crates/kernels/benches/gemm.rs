@@ -1,0 +1,103 @@
+//! Prefill GEMM throughput micro-benchmark (no criterion): GFLOP/s (2 · rows · k · tokens per
+//! call) per path, weight type and thread count, on Llama-3.2-3B shapes.
+//!
+//! `cargo bench -p damascus-kernels --bench gemm -- [-t 1,2] [--types q4_k,q6_k]
+//!  [--tokens 512] [--reps 5] [--shapes 3072x3072,8192x3072,3072x8192]`
+
+use std::time::Instant;
+
+use damascus_kernels::gemm::{GemmPath, PackedActs, WeightRef, gemm};
+use damascus_kernels::pool::ThreadPool;
+use damascus_quant::{GgmlType, quantize_row};
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn dtype(name: &str) -> GgmlType {
+    match name {
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "q5_0" => GgmlType::Q5_0,
+        "q8_0" => GgmlType::Q8_0,
+        "q5_k" => GgmlType::Q5_K,
+        "q6_k" => GgmlType::Q6_K,
+        "f16" => GgmlType::F16,
+        _ => GgmlType::Q4_K,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let threads: Vec<usize> = arg(&args, "-t", "1,2")
+        .split(',')
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let types: Vec<GgmlType> = arg(&args, "--types", "q4_k,q6_k")
+        .split(',')
+        .map(dtype)
+        .collect();
+    let tokens: usize = arg(&args, "--tokens", "512").parse().unwrap_or(512);
+    let reps: usize = arg(&args, "--reps", "5").parse().unwrap_or(5);
+    let shapes: Vec<(usize, usize)> = arg(&args, "--shapes", "3072x3072,8192x3072,3072x8192")
+        .split(',')
+        .filter_map(|s| {
+            let (r, k) = s.split_once('x')?;
+            Some((r.parse().ok()?, k.parse().ok()?))
+        })
+        .collect();
+    println!("| path | type | rows×k | tokens | threads | ms | GFLOP/s |");
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
+    for &(rows, k) in &shapes {
+        let src: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..tokens * k)
+            .map(|i| ((i * 104_729 % 997) as f32 / 498.0) - 1.0)
+            .collect();
+        let xp = PackedActs::new(&x, tokens, k).expect("pack");
+        for &dt in &types {
+            let rb = k / dt.block_size() * dt.type_size();
+            let mut bytes = vec![0u8; rows * rb];
+            for r in 0..rows {
+                quantize_row(
+                    dt,
+                    &src[r * k..(r + 1) * k],
+                    &mut bytes[r * rb..(r + 1) * rb],
+                )
+                .expect("quantize");
+            }
+            let w = WeightRef {
+                dtype: dt,
+                bytes: &bytes,
+                rows,
+                cols: k,
+            };
+            let mut out = vec![0f32; tokens * rows];
+            for &nt in &threads {
+                let pool = ThreadPool::new(nt);
+                for path in GemmPath::available() {
+                    if path == GemmPath::Scalar {
+                        continue;
+                    }
+                    gemm(path, w, &xp, &mut out, Some(&pool)).expect("gemm");
+                    let mut best = f64::MAX;
+                    for _ in 0..reps {
+                        let t0 = Instant::now();
+                        gemm(path, w, &xp, &mut out, Some(&pool)).expect("gemm");
+                        best = best.min(t0.elapsed().as_secs_f64());
+                    }
+                    let gflops = 2.0 * (rows * k * tokens) as f64 / best / 1e9;
+                    println!(
+                        "| {} | {dt:?} | {rows}×{k} | {tokens} | {nt} | {:.1} | {gflops:.0} |",
+                        path.name(),
+                        best * 1e3
+                    );
+                }
+            }
+        }
+    }
+}

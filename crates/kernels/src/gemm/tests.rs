@@ -1,0 +1,137 @@
+//! Every available GEMM path against the scalar twin [`gemm_ref`], on awkward shapes: token
+//! counts 1, 3, 7, 16, 33, 47 (tile tails), odd row-group counts, `k` with a partial
+//! [`KC`] slice, and every weight type with a dequantizer the model may meet.
+
+use damascus_quant::{GgmlType, quantize_row};
+
+use super::*;
+use crate::pool::ThreadPool;
+
+/// Deterministic pseudo-random f32 in [-1, 1).
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn quantized(dtype: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let src = rand_vec(rows * k, seed);
+    let rb = k / dtype.block_size() * dtype.type_size();
+    let mut out = vec![0u8; rows * rb];
+    for r in 0..rows {
+        quantize_row(
+            dtype,
+            &src[r * k..(r + 1) * k],
+            &mut out[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
+    }
+    out
+}
+
+fn check_case(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Option<&ThreadPool>) {
+    let bytes = quantized(dtype, rows, k, (rows * 31 + k) as u64);
+    let w = WeightRef {
+        dtype,
+        bytes: &bytes,
+        rows,
+        cols: k,
+    };
+    let x = PackedActs::new(&rand_vec(n_tokens * k, 7 + n_tokens as u64), n_tokens, k).unwrap();
+    let mut want = vec![0f32; n_tokens * rows];
+    gemm_ref(w, &x, &mut want).unwrap();
+    // Σ|w|·|x| bounds the rounding of any summation order.
+    let scale: f32 = (k as f32).sqrt();
+    for path in GemmPath::available() {
+        let mut got = vec![f32::NAN; n_tokens * rows];
+        gemm(path, w, &x, &mut got, pool).unwrap();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
+                "{dtype:?} {} rows={rows} k={k} T={n_tokens} at [{}, {}]: {g} vs {e}",
+                path.name(),
+                i / rows,
+                i % rows
+            );
+        }
+    }
+}
+
+#[test]
+fn paths_match_reference_on_awkward_shapes() {
+    for &t in &[1, 3, 7, 16, 33, 47] {
+        check_case(GgmlType::Q4_K, 48, 512, t, None);
+    }
+    // Odd group count, several row blocks, a KC tail.
+    check_case(GgmlType::Q4_K, 16 * 9 + MC, KC + 256, 33, None);
+    check_case(GgmlType::Q6_K, 80, KC + 256, 7, None);
+}
+
+#[test]
+fn every_weight_type() {
+    for dtype in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ] {
+        check_case(dtype, 32, 256, 19, None);
+    }
+    // Legacy types with a k that is not a multiple of 256.
+    check_case(GgmlType::Q4_1, 16, 32 * 3, 5, None);
+}
+
+#[test]
+fn threaded_matches_reference() {
+    let pool = ThreadPool::new(3);
+    check_case(GgmlType::Q4_K, 16 * 11, 768, 65, Some(&pool));
+    check_case(GgmlType::Q6_K, 16, 256, 100, Some(&pool)); // one row block, tokens split
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let bytes = quantized(GgmlType::Q4_K, 16, 256, 1);
+    let w = WeightRef {
+        dtype: GgmlType::Q4_K,
+        bytes: &bytes,
+        rows: 16,
+        cols: 256,
+    };
+    let x = PackedActs::new(&rand_vec(2 * 256, 1), 2, 256).unwrap();
+    let mut out = vec![0f32; 31];
+    assert!(gemm(GemmPath::Scalar, w, &x, &mut out, None).is_err());
+    let short = WeightRef {
+        bytes: &bytes[..100],
+        ..w
+    };
+    let mut out = vec![0f32; 32];
+    assert!(gemm(GemmPath::Scalar, short, &x, &mut out, None).is_err());
+    assert!(WeightRef { rows: 8, ..w }.unsupported().is_some());
+    assert!(PackedActs::new(&[0.0; 3], 2, 2).is_err());
+}
+
+#[test]
+fn bf16_rounding() {
+    assert_eq!(f32_to_bf16(1.0), 0x3f80);
+    assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    // Ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+    assert_eq!(f32_to_bf16(1.0 + 1.0 / 256.0), 0x3f80);
+    assert_eq!(f32_to_bf16(1.0 + 3.0 / 256.0), 0x3f82);
+    assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+    assert_eq!(f32_to_bf16(f32::INFINITY), 0x7f80);
+}
