@@ -15,6 +15,11 @@ use damascus_model::{KvCacheType, LoadOptions, Model};
 const MIN_LOGITS_COSINE: f64 = 0.999;
 /// Fast-path bar on every hidden state.
 const MIN_HIDDEN_COSINE: f64 = 0.995;
+/// Logits cosine against the reference after a prefill *and* decode steps. Q8 activation
+/// rounding flips differently with each ISA's summation order and the flips grow through the
+/// 30 layers (measured on "The capital of France is" + 2 decode steps: scalar/AVX2 ≈ 0.9992,
+/// AVX-512 ≈ 0.9987); the HF fixtures keep the 0.999 bar.
+const MIN_SEQ_LOGITS_COSINE: f64 = 0.998;
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/forward")
@@ -95,14 +100,15 @@ fn decode_matches_prefill_and_reference() {
     assert!(cosine(&prefill, &decode) >= 0.9999);
     assert!(cosine(&decode, &want) >= MIN_LOGITS_COSINE);
     assert_eq!(argmax(&decode), 7042, "\" Paris\" is not first");
-    // p(" Paris") stays close to the reference's 77%.
+    // p(" Paris") stays close to the reference's 77% (AVX-512: 79.6%, see
+    // MIN_SEQ_LOGITS_COSINE).
     let p = |l: &[f32]| {
         let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let s: f64 = l.iter().map(|&x| f64::from(x - max).exp()).sum();
         f64::from(l[7042] - max).exp() / s
     };
     assert!(
-        (p(&decode) - p(&want)).abs() < 0.02,
+        (p(&decode) - p(&want)).abs() < 0.03,
         "p(Paris) {}",
         p(&decode)
     );
@@ -152,7 +158,10 @@ fn f32_and_f16_caches_both_match_reference_and_differ() {
     let f32 = prefill_then_decode(&cpu_with_cache(KvCacheType::F32));
     for (name, got) in [("f16", &f16), ("f32", &f32)] {
         let c = cosine(got, &want);
-        assert!(c >= MIN_LOGITS_COSINE, "{name} cache: logits cosine {c}");
+        assert!(
+            c >= MIN_SEQ_LOGITS_COSINE,
+            "{name} cache: logits cosine {c}"
+        );
         assert_eq!(argmax(got), argmax(&want), "{name} cache: top-1 differs");
     }
     assert_ne!(f16, f32, "the cache type changed nothing");

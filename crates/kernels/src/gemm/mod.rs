@@ -34,6 +34,7 @@ mod amx;
 mod micro;
 #[cfg(test)]
 mod tests;
+mod unpack;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -293,7 +294,9 @@ fn unpack_panel(
         for n in 0..TILE {
             let r = r0 + g * TILE + n;
             let src = &w.bytes[r * rb + b0..r * rb + b1];
-            dequantize_row(w.dtype, src, &mut scratch[..kc]).map_err(dequant_err)?;
+            if !unpack::dequant_fast(w.dtype, src, &mut scratch[..kc]) {
+                dequantize_row(w.dtype, src, &mut scratch[..kc]).map_err(dequant_err)?;
+            }
             micro::scatter_pairs(&scratch[..kc], tiles, n);
         }
     }
@@ -322,6 +325,8 @@ struct MicroArgs {
 
 /// `out = x · Wᵀ` (`out`: `[n_tokens, rows]` f32) on `path`, split over `pool` (or the calling
 /// thread).
+// `i`/`j` index the token tiles and row groups of four parallel arrays at once.
+#[allow(clippy::needless_range_loop)]
 pub fn gemm(
     path: GemmPath,
     w: WeightRef<'_>,

@@ -135,3 +135,38 @@ fn bf16_rounding() {
     assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
     assert_eq!(f32_to_bf16(f32::INFINITY), 0x7f80);
 }
+
+#[test]
+fn fast_unpack_is_bit_exact() {
+    for dtype in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let k = 256 * 3;
+        let mut bytes = quantized(dtype, 1, k, 99);
+        // Also arbitrary bytes (odd scales, high bits), with finite f16 scales.
+        let mut s = 12345u32;
+        let mut junk: Vec<u8> = (0..bytes.len())
+            .map(|_| {
+                s = s.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                (s >> 16) as u8
+            })
+            .collect();
+        let ts = dtype.type_size();
+        for b in junk.chunks_exact_mut(ts) {
+            let at = if dtype == GgmlType::Q4_K {
+                [0, 2]
+            } else {
+                [ts - 2, ts - 2]
+            };
+            for o in at {
+                b[o + 1] &= 0x3b; // exponent < 0x1f: finite
+            }
+        }
+        bytes.extend_from_slice(&junk);
+        let n = bytes.len() / ts * 256;
+        let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+        damascus_quant::dequantize_row(dtype, &bytes, &mut want).unwrap();
+        assert!(super::unpack::dequant_fast(dtype, &bytes, &mut got));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{dtype:?} element {i}");
+        }
+    }
+}
