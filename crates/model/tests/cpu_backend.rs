@@ -191,3 +191,34 @@ fn reference_honours_the_cache_type() {
     );
     assert_eq!(argmax(&f16), argmax(&f32));
 }
+
+#[test]
+fn gemm_prefill_matches_reference() {
+    // 24 tokens (≥ GEMM_MIN_TOKENS): every matmul of the prompt goes through kernels::gemm.
+    assert!(
+        CpuBackend::new(Some(2)).gemm_path().is_some() || std::env::var("DAMASCUS_GEMM").is_ok()
+    );
+    let ids: Vec<u32> = [504u32, 3575, 282, 4649, 314, 7042, 30, 378]
+        .iter()
+        .cycle()
+        .take(24)
+        .copied()
+        .collect();
+    for n in [1, 2, 3] {
+        let d = compare_models(reference(), &cpu(n), &ids).unwrap();
+        for s in &d.slots {
+            assert!(
+                s.cosine >= MIN_HIDDEN_COSINE,
+                "{n} threads: {} cosine {}",
+                s.label,
+                s.cosine
+            );
+        }
+        assert!(
+            d.logits_cosine >= MIN_LOGITS_COSINE,
+            "{n} threads: logits cosine {}",
+            d.logits_cosine
+        );
+        assert!(d.same_top1, "{n} threads: top-1 differs");
+    }
+}
