@@ -2,6 +2,7 @@
 //! SIMD implementations chosen at run time.
 
 pub mod attn_decode;
+pub mod attn_prefill;
 pub mod cpu;
 pub mod cuda_probe;
 pub mod gemm;

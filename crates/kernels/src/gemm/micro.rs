@@ -29,15 +29,94 @@ fn to_bf16_body(x: &[f32], out: &mut [u16]) {
     }
 }
 
-/// Writes one dequantized row `row` (`[kc]` f32) as column `n` of panel tiles
-/// `tiles` (`[kc / 32][16 pairs][16 rows]` u32).
-#[inline]
-pub(super) fn scatter_pairs(row: &[f32], tiles: &mut [u32], n: usize) {
-    for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
-        let tile = &mut tiles[s * TILE * TILE..(s + 1) * TILE * TILE];
-        for (p, pair) in seg.chunks_exact(2).enumerate() {
-            tile[p * TILE + n] =
-                u32::from(f32_to_bf16(pair[0])) | (u32::from(f32_to_bf16(pair[1])) << 16);
+/// Packs 16 dequantized rows `rows` (`[16][kc]` f32) into panel tiles `tiles`
+/// (`[kc / 32][16 pairs][16 rows]` u32): `tiles[s][p][n] = bf16(rows[n][32s + 2p]) |
+/// bf16(rows[n][32s + 2p + 1]) << 16`.
+pub(super) fn pack_group(rows: &[f32], kc: usize, tiles: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F is present.
+        return unsafe { pack_group_avx512(rows, kc, tiles) };
+    }
+    pack_group_scalar(rows, kc, tiles);
+}
+
+/// Scalar twin of [`pack_group`].
+pub(super) fn pack_group_scalar(rows: &[f32], kc: usize, tiles: &mut [u32]) {
+    for n in 0..TILE {
+        let row = &rows[n * kc..(n + 1) * kc];
+        for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
+            let tile = &mut tiles[s * TILE * TILE..(s + 1) * TILE * TILE];
+            for (p, pair) in seg.chunks_exact(2).enumerate() {
+                tile[p * TILE + n] =
+                    u32::from(f32_to_bf16(pair[0])) | (u32::from(f32_to_bf16(pair[1])) << 16);
+            }
+        }
+    }
+}
+
+/// [`pack_group`] with AVX-512: per k-step, 16 rows rounded to bf16 pairs, then a 16 × 16
+/// transpose of u32 in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_group_avx512(rows: &[f32], kc: usize, tiles: &mut [u32]) {
+    use std::arch::x86_64::*;
+    assert!(rows.len() >= TILE * kc && tiles.len() >= kc / KSTEP * TILE * TILE);
+    /// 16 f32 → 16 bf16 bits (round to nearest even; NaN quieted) in u16 lanes.
+    #[inline(always)]
+    unsafe fn bf16x16(p: *const f32) -> __m256i {
+        // SAFETY: 16 readable floats at p (caller); register ops otherwise.
+        unsafe {
+            let b = _mm512_castps_si512(_mm512_loadu_ps(p));
+            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+                b,
+                _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb),
+            ));
+            let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fff_ffff));
+            let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+            let q = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+            _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q))
+        }
+    }
+    // SAFETY: loads stay within rows[n * kc + 32 s .. + 32] and stores within tile s
+    // (asserted lengths above).
+    unsafe {
+        for s in 0..kc / KSTEP {
+            let mut r = [_mm512_setzero_si512(); TILE];
+            for (n, rn) in r.iter_mut().enumerate() {
+                let p = rows.as_ptr().add(n * kc + s * KSTEP);
+                *rn =
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bf16x16(p)), bf16x16(p.add(16)));
+            }
+            let mut t = [_mm512_setzero_si512(); TILE];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+            }
+            let mut u = [_mm512_setzero_si512(); TILE];
+            for i in 0..4 {
+                u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            let dst = tiles.as_mut_ptr().add(s * TILE * TILE);
+            for c in 0..4 {
+                let lo01 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                let hi01 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+                let lo23 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                let hi23 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+                let rows4 = [
+                    _mm512_shuffle_i32x4::<0x88>(lo01, lo23),
+                    _mm512_shuffle_i32x4::<0xDD>(lo01, lo23),
+                    _mm512_shuffle_i32x4::<0x88>(hi01, hi23),
+                    _mm512_shuffle_i32x4::<0xDD>(hi01, hi23),
+                ];
+                for (l, v) in rows4.into_iter().enumerate() {
+                    _mm512_storeu_si512(dst.add((4 * l + c) * TILE).cast(), v);
+                }
+            }
         }
     }
 }

@@ -276,7 +276,7 @@ pub fn gemm_ref(w: WeightRef<'_>, x: &PackedActs, out: &mut [f32]) -> Result<(),
 }
 
 /// Unpacks rows `r0..r0 + 16 * ng`, columns `k0..k0 + kc` of `w` into `panel`
-/// (`[ng][kc / 32][16][16]` u32 bf16 pairs). `scratch`: `[kc]` f32.
+/// (`[ng][kc / 32][16][16]` u32 bf16 pairs). `scratch`: `[16, kc]` f32.
 fn unpack_panel(
     w: &WeightRef<'_>,
     r0: usize,
@@ -294,11 +294,12 @@ fn unpack_panel(
         for n in 0..TILE {
             let r = r0 + g * TILE + n;
             let src = &w.bytes[r * rb + b0..r * rb + b1];
-            if !unpack::dequant_fast(w.dtype, src, &mut scratch[..kc]) {
-                dequantize_row(w.dtype, src, &mut scratch[..kc]).map_err(dequant_err)?;
+            let dst = &mut scratch[n * kc..(n + 1) * kc];
+            if !unpack::dequant_fast(w.dtype, src, dst) {
+                dequantize_row(w.dtype, src, dst).map_err(dequant_err)?;
             }
-            micro::scatter_pairs(&scratch[..kc], tiles, n);
         }
+        micro::pack_group(&scratch[..TILE * kc], kc, tiles);
     }
     Ok(())
 }
@@ -357,7 +358,7 @@ pub fn gemm(
         let out_ptr = &out_ptr;
         let kc_max = KC.min(w.cols);
         let mut panel = vec![0u32; (MC / TILE) * (kc_max / KSTEP) * TILE * TILE]; // [MC/16][kc/32][16][16]
-        let mut scratch = vec![0f32; kc_max]; // [kc] f32
+        let mut scratch = vec![0f32; TILE * kc_max]; // [16, kc] f32 dequantized rows
         let mut ctile = [[0f32; TILE * TILE]; 4]; // [4][16 tokens][16 rows] edge C tiles
         #[cfg(target_arch = "x86_64")]
         let _amx = (path == GemmPath::Amx).then(amx::TileGuard::new);

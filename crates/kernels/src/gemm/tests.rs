@@ -170,3 +170,19 @@ fn fast_unpack_is_bit_exact() {
         }
     }
 }
+
+#[test]
+fn pack_group_matches_scalar_twin() {
+    let kc = 96;
+    let mut rows = rand_vec(TILE * kc, 5);
+    rows[3] = f32::NAN;
+    rows[40] = 1.0 + 1.0 / 256.0; // a tie
+    rows[41] = -0.0;
+    let (mut a, mut b) = (
+        vec![0u32; kc / KSTEP * TILE * TILE],
+        vec![1u32; kc / KSTEP * TILE * TILE],
+    );
+    super::micro::pack_group(&rows, kc, &mut a);
+    super::micro::pack_group_scalar(&rows, kc, &mut b);
+    assert_eq!(a, b);
+}

@@ -21,6 +21,7 @@ use std::sync::Mutex;
 
 use damascus_gguf::GgmlType;
 use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
+use damascus_kernels::attn_prefill;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
 use damascus_kernels::pool::{ThreadPool, physical_cores, split_range};
 use damascus_kernels::quantdot::{
@@ -910,7 +911,20 @@ impl Backend for CpuBackend {
             )
             .map_err(|e| kernel_err("attention", e));
         }
-        // A prompt: tokens dealt round-robin (later ones see more positions).
+        if attn_prefill::supports_head_dim(hd) {
+            // A prompt: flash-style tiles (one KV head × a block of query tokens per unit).
+            return attn_prefill::attn_prefill_f16(
+                &q.data,
+                kc,
+                vc,
+                dshape,
+                pos0,
+                &mut out.data,
+                Some(&self.pool),
+            )
+            .map_err(|e| kernel_err("attention", e));
+        }
+        // Other head sizes: tokens dealt round-robin (later ones see more positions).
         let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
         let err = FirstError::default();
         self.pool.run(&|t, nt| {

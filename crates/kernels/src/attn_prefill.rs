@@ -1,0 +1,405 @@
+//! Prefill attention: causal GQA attention of a block of new query tokens over a head-major
+//! f16 KV cache, tiled flash-style.
+//!
+//! A unit is one KV head × one block of [`QB`] query tokens. The unit widens the keys and values
+//! it can see to f32 once (keys transposed per block of [`KB`] positions, `[KB]` lanes per
+//! head dimension, so scores are computed vectorized over keys without horizontal sums), then
+//! every query of the unit (`QB` tokens × the query heads of the group) walks the key blocks
+//! with an online softmax, its `head_dim` accumulator held in registers (`head_dim` is a const
+//! generic: 64 and 128 have kernels; other sizes return `false` from [`attn_prefill_f16`] so the
+//! caller falls back to per-token decode attention). Token `t` of the prompt sees positions
+//! `0..=pos0 + t`.
+//!
+//! The scalar twin is the decode kernel run once per token
+//! ([`crate::attn_decode::attn_decode_f16_scalar`]), which the tests compare against.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::attn_decode::{DecodeShape, KvLayout};
+use crate::pool::ThreadPool;
+use crate::quantdot::{KernelError, f16_to_f32};
+
+/// Query tokens per unit.
+pub const QB: usize = 16;
+/// Key positions per block.
+pub const KB: usize = 32;
+
+/// Whether [`attn_prefill_f16`] has a kernel for `head_dim`.
+pub fn supports_head_dim(head_dim: usize) -> bool {
+    matches!(head_dim, 64 | 128)
+}
+
+/// Causal attention of `n_tokens` queries at positions `pos0..pos0 + n_tokens`.
+///
+/// * `q`: `[n_tokens, n_head, head_dim]` f32 (rotated)
+/// * `k`, `v`: `[n_head_kv, n_ctx, head_dim]` f16 bits (`shape.layout` must be head-major),
+///   positions `0..pos0 + n_tokens` written
+/// * `out`: `[n_tokens, n_head, head_dim]` f32
+///
+/// Errors on inconsistent shapes, including a `head_dim` without a kernel
+/// ([`supports_head_dim`]).
+pub fn attn_prefill_f16(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    pos0: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    let DecodeShape {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        layout,
+    } = shape;
+    let KvLayout::HeadMajor { n_ctx } = layout else {
+        return Err(KernelError::BadShape(
+            "prefill attention needs a head-major cache".into(),
+        ));
+    };
+    if n_head_kv == 0 || !supports_head_dim(hd) || !n_head.is_multiple_of(n_head_kv) {
+        return Err(KernelError::BadShape(format!(
+            "prefill attention: n_head {n_head}, n_head_kv {n_head_kv}, head_dim {hd} \
+             (needs a multiple and head_dim 64 or 128)"
+        )));
+    }
+    let width = n_head * hd;
+    if q.len() != out.len() || !q.len().is_multiple_of(width) {
+        return Err(KernelError::BadShape(format!(
+            "q/out hold {}/{} floats, not a whole number of {width}-float tokens",
+            q.len(),
+            out.len()
+        )));
+    }
+    let n_tokens = q.len() / width;
+    let need = n_head_kv * n_ctx * hd;
+    if pos0 + n_tokens > n_ctx || k.len() < need || v.len() < need {
+        return Err(KernelError::BadShape(format!(
+            "k/v caches hold {}/{} halves for {n_ctx} positions; need positions up to {}",
+            k.len(),
+            v.len(),
+            pos0 + n_tokens
+        )));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let n_qb = n_tokens.div_ceil(QB);
+    let n_units = n_head_kv * n_qb;
+    let next = AtomicUsize::new(0);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let args = Args {
+        q,
+        k,
+        v,
+        n_ctx,
+        group: n_head / n_head_kv,
+        width,
+        pos0,
+        n_tokens,
+    };
+    let work = |_t: usize, _nt: usize| {
+        let out_ptr = &out_ptr;
+        let n_vis_max = (pos0 + n_tokens).div_ceil(KB) * KB;
+        let mut kt = vec![0f32; n_vis_max * hd]; // [n_vis / KB][hd][KB] f32 keys, transposed per block
+        let mut vb = vec![0f32; n_vis_max * hd]; // [n_vis][hd] f32 values
+        loop {
+            // Later query blocks see more keys: hand them out first for balance.
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= n_units {
+                break;
+            }
+            let (qb, hk) = (n_qb - 1 - u / n_head_kv, u % n_head_kv);
+            let unit = Unit {
+                a: &args,
+                hk,
+                qb,
+                out: out_ptr,
+            };
+            match hd {
+                64 => run_unit::<64>(&unit, &mut kt, &mut vb),
+                _ => run_unit::<128>(&unit, &mut kt, &mut vb),
+            }
+        }
+    };
+    match pool {
+        Some(p) if p.n_threads() > 1 => p.run(&work),
+        _ => work(0, 1),
+    }
+    Ok(())
+}
+
+struct Args<'a> {
+    q: &'a [f32],
+    k: &'a [u16],
+    v: &'a [u16],
+    n_ctx: usize,
+    group: usize,
+    width: usize,
+    pos0: usize,
+    n_tokens: usize,
+}
+
+struct Unit<'a> {
+    a: &'a Args<'a>,
+    hk: usize,
+    qb: usize,
+    out: &'a OutPtr,
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: units write disjoint (token, head) slices of `out`, which outlives the run.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as above.
+unsafe impl Send for OutPtr {}
+
+fn run_unit<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F (and with it F16C) is present.
+        return unsafe { unit_avx512::<HD>(u, kt, vb) };
+    }
+    unit_body::<HD>(u, kt, vb, widen_scalar);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn unit_avx512<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32]) {
+    unit_body::<HD>(u, kt, vb, widen_avx512);
+}
+
+/// `dst[i] = f32(src[i])`.
+fn widen_scalar(src: &[u16], dst: &mut [f32]) {
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = f16_to_f32(h);
+    }
+}
+
+/// [`widen_scalar`] with `vcvtph2ps`; only handed out by [`run_unit`] after detecting
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+fn widen_avx512(src: &[u16], dst: &mut [f32]) {
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn imp(src: &[u16], dst: &mut [f32]) {
+        use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm512_cvtph_ps, _mm512_storeu_ps};
+        let n = src.len().min(dst.len());
+        let n16 = n / 16 * 16;
+        let mut i = 0;
+        while i < n16 {
+            // SAFETY: i + 16 <= n16 <= both lengths.
+            unsafe {
+                let h = _mm256_loadu_si256(src.as_ptr().add(i).cast::<__m256i>());
+                _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+            }
+            i += 16;
+        }
+        widen_scalar(&src[n16..n], &mut dst[n16..n]);
+    }
+    // SAFETY: only reachable through `unit_avx512`, entered after detecting AVX-512F.
+    unsafe { imp(src, dst) }
+}
+
+/// `e^x` for `x ≤ 0` (vectorizable; relative error ≈ 2e-7, flushed to 0 below −87).
+#[inline(always)]
+fn exp_neg(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * std::f32::consts::LN_2;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+}
+
+#[inline(always)]
+fn unit_body<const HD: usize>(
+    u: &Unit<'_>,
+    kt: &mut [f32],
+    vb: &mut [f32],
+    widen: fn(&[u16], &mut [f32]),
+) {
+    let a = u.a;
+    let t0 = u.qb * QB;
+    let nt = (a.n_tokens - t0).min(QB);
+    let n_vis = a.pos0 + t0 + nt; // keys seen by the unit's last token
+    let base = u.hk * a.n_ctx * HD;
+    // Widen the visible keys (transposed per block) and values once for the whole unit.
+    let mut krow = [0f32; HD];
+    for p in 0..n_vis {
+        widen(&a.k[base + p * HD..][..HD], &mut krow);
+        let blk = &mut kt[(p / KB) * HD * KB..][..HD * KB];
+        for (d, &x) in krow.iter().enumerate() {
+            blk[d * KB + p % KB] = x;
+        }
+        widen(&a.v[base + p * HD..][..HD], &mut vb[p * HD..(p + 1) * HD]);
+    }
+    let scale = 1.0 / (HD as f32).sqrt();
+    for ti in 0..nt {
+        let limit = a.pos0 + t0 + ti + 1; // positions visible to this token
+        for g in 0..a.group {
+            let off = (t0 + ti) * a.width + (u.hk * a.group + g) * HD;
+            let mut qv = [0f32; HD];
+            for (d, &x) in qv.iter_mut().zip(&a.q[off..off + HD]) {
+                *d = x * scale;
+            }
+            let mut acc = [0f32; HD];
+            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+            let mut kb0 = 0;
+            while kb0 < limit {
+                let nv = (limit - kb0).min(KB);
+                let blk = &kt[(kb0 / KB) * HD * KB..][..HD * KB]; // [HD][KB]
+                // Four partial sums over interleaved dimensions: independent FMA chains.
+                let mut sp = [[0f32; KB]; 4];
+                for d in (0..HD).step_by(4) {
+                    for (w, spw) in sp.iter_mut().enumerate() {
+                        let qd = qv[d + w];
+                        let kr = &blk[(d + w) * KB..(d + w + 1) * KB];
+                        for j in 0..KB {
+                            spw[j] += qd * kr[j];
+                        }
+                    }
+                }
+                let mut s = [0f32; KB];
+                for j in 0..KB {
+                    s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
+                }
+                let mut mx = m;
+                for &sj in &s[..nv] {
+                    mx = mx.max(sj);
+                }
+                let corr = exp_neg(m - mx);
+                let mut sum = 0f32;
+                for sj in s.iter_mut() {
+                    *sj = exp_neg(*sj - mx);
+                }
+                for &sj in &s[..nv] {
+                    sum += sj;
+                }
+                m = mx;
+                l = l * corr + sum;
+                for x in acc.iter_mut() {
+                    *x *= corr;
+                }
+                for (j, &p) in s[..nv].iter().enumerate() {
+                    let vr: &[f32; HD] = match vb[(kb0 + j) * HD..][..HD].try_into() {
+                        Ok(r) => r,
+                        Err(_) => return,
+                    };
+                    for d in 0..HD {
+                        acc[d] += p * vr[d];
+                    }
+                }
+                kb0 += nv;
+            }
+            let inv = 1.0 / l;
+            // SAFETY: `off + HD <= out.len()` (token < n_tokens, head < n_head); each
+            // (token, head) slice belongs to exactly one unit.
+            let dst = unsafe { std::slice::from_raw_parts_mut(u.out.0.add(off), HD) };
+            for (o, &x) in dst.iter_mut().zip(&acc) {
+                *o = x * inv;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn_decode::attn_decode_f16_scalar;
+    use crate::quantdot::f32_to_f16;
+
+    fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
+            })
+            .collect()
+    }
+
+    fn check(
+        n_head: usize,
+        n_head_kv: usize,
+        hd: usize,
+        pos0: usize,
+        n_tokens: usize,
+        threads: usize,
+    ) {
+        let n_ctx = pos0 + n_tokens + 5;
+        let kv: Vec<u16> = data(3, n_head_kv * n_ctx * hd, 2.0)
+            .into_iter()
+            .map(f32_to_f16)
+            .collect();
+        let vv: Vec<u16> = data(4, n_head_kv * n_ctx * hd, 1.0)
+            .into_iter()
+            .map(f32_to_f16)
+            .collect();
+        let width = n_head * hd;
+        let q = data(5, n_tokens * width, 2.0);
+        let shape = DecodeShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            layout: KvLayout::HeadMajor { n_ctx },
+        };
+        let pool = ThreadPool::new(threads);
+        let mut got = vec![f32::NAN; q.len()];
+        attn_prefill_f16(&q, &kv, &vv, shape, pos0, &mut got, Some(&pool)).unwrap();
+        for t in 0..n_tokens {
+            let mut want = vec![0f32; width];
+            let qt = &q[t * width..(t + 1) * width];
+            attn_decode_f16_scalar(qt, &kv, &vv, shape, pos0 + t + 1, &mut want).unwrap();
+            for (i, (g, w)) in got[t * width..(t + 1) * width]
+                .iter()
+                .zip(&want)
+                .enumerate()
+            {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "t={t} i={i}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matches_per_token_decode_on_awkward_sizes() {
+        for &(nt, pos0) in &[(1, 0), (3, 0), (7, 5), (33, 0), (17, 70), (130, 3)] {
+            check(6, 2, 64, pos0, nt, 1);
+        }
+        check(4, 4, 64, 0, 33, 3);
+        check(9, 3, 128, 60, 100, 2);
+        check(3, 1, 128, 1023, 7, 2);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let shape = DecodeShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+            layout: KvLayout::HeadMajor { n_ctx: 4 },
+        };
+        let (k, v) = (vec![0u16; 4 * 64], vec![0u16; 4 * 64]);
+        let q = vec![0f32; 128 * 3];
+        let mut out = vec![0f32; 128 * 3];
+        assert!(attn_prefill_f16(&q, &k, &v, shape, 2, &mut out, None).is_err()); // past n_ctx
+        assert!(attn_prefill_f16(&q[..7], &k, &v, shape, 0, &mut out[..7], None).is_err());
+        let pm = DecodeShape {
+            layout: KvLayout::PosMajor,
+            ..shape
+        };
+        assert!(attn_prefill_f16(&q, &k, &v, pm, 0, &mut out, None).is_err());
+        let odd = DecodeShape {
+            head_dim: 8,
+            ..shape
+        };
+        assert!(attn_prefill_f16(&q, &k, &v, odd, 0, &mut out, None).is_err());
+        assert!(!supports_head_dim(8) && supports_head_dim(128));
+    }
+}
