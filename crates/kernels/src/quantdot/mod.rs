@@ -206,8 +206,11 @@ pub enum KernelError {
 /// Default software-prefetch distance (bytes ahead in the weight stream).
 /// Measured on the 16-core Xeon (AVX-512 VNNI) device host, Q4_K GEMV
 /// 3072×8192 streaming from DRAM, 1 thread: 7.4 GB/s without prefetch,
-/// 12.2 GB/s at 2048, 13.4 GB/s at 4096 (single-core read roofline 15.3).
-pub const DEFAULT_PREFETCH: usize = 4096;
+/// 12.2 GB/s at 2048, 13.4 GB/s at 4096 (single-core read roofline 15.3); at
+/// 2 threads 2048 and 4096 tie (21.1 / 21.0 GB/s). End to end on the 2-core
+/// AMX dev VM (synthetic Llama-3.2-3B Q4_K_M, tg32, `-t 2`): 8.1 tok/s at 512,
+/// 8.7 at 1024, 9.1 at 1536–2048, 8.7 at 3072, 8.15 at 4096 — so 2048.
+pub const DEFAULT_PREFETCH: usize = 2048;
 
 /// Software-prefetch distance in bytes used by the SIMD kernels while they
 /// stream weights: `DAMASCUS_PREFETCH` (0 = off) or [`DEFAULT_PREFETCH`],
