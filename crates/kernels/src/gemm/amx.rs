@@ -55,12 +55,11 @@ impl Drop for TileGuard {
 ///
 /// # Safety
 /// AMX-BF16 is available, this thread holds a [`TileGuard`], and `args` describes valid
-/// memory: A rows of `32 * nks` bf16 at stride `a_stride`, `nks` 1 KiB tiles per B group,
+/// memory: `nks` contiguous 1 KiB tiles per A token tile and per B group,
 /// C tiles of 16 rows at their strides.
 pub(super) unsafe fn micro_2x2(args: &MicroArgs) {
     let cs = args.c.stride.map(|s| s * 4); // bytes
     let [c0, c1, c2, c3] = args.c.c;
-    let a_stride = args.a_stride * 2; // bytes
     // SAFETY: (all blocks) pointers and strides as documented; tiles configured.
     unsafe {
         if args.load_c {
@@ -96,12 +95,12 @@ pub(super) unsafe fn micro_2x2(args: &MicroArgs) {
                 "tileloadd tmm5, [{a1} + {as}]",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
-                a0 = in(reg) a0, a1 = in(reg) a1, as = in(reg) a_stride,
+                a0 = in(reg) a0, a1 = in(reg) a1, as = in(reg) 64usize,
                 b0 = in(reg) b0, b1 = in(reg) b1, bs = in(reg) 64usize,
                 options(nostack, readonly),
             );
-            a0 = a0.add(64);
-            a1 = a1.add(64);
+            a0 = a0.add(1024);
+            a1 = a1.add(1024);
             b0 = b0.add(1024);
             b1 = b1.add(1024);
         }

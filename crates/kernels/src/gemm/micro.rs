@@ -155,10 +155,8 @@ unsafe fn micro_body<const FMA: bool>(args: &MicroArgs) {
                         let lo = wrow.map(|u| f32::from_bits(u << 16));
                         let hi = wrow.map(|u| f32::from_bits(u & 0xffff_0000));
                         for (tt, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: A rows hold 32 * nks bf16 from `a[i]` at stride a_stride.
-                            let xp = unsafe {
-                                args.a[i].add((t0 + tt) * args.a_stride + s * KSTEP + 2 * p)
-                            };
+                            // SAFETY: `a[i]` holds nks tiles of [16][32] bf16.
+                            let xp = unsafe { args.a[i].add((s * TILE + t0 + tt) * KSTEP + 2 * p) };
                             // SAFETY: as above.
                             let (x0, x1) = unsafe { (bf16_to_f32(*xp), bf16_to_f32(*xp.add(1))) };
                             for n in 0..TILE {
