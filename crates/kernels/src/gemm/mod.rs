@@ -143,6 +143,16 @@ pub struct PackedActs {
 impl PackedActs {
     /// Packs `x` (`[n_tokens, k]` f32 row-major, `k` a multiple of 32).
     pub fn new(x: &[f32], n_tokens: usize, k: usize) -> Result<PackedActs, KernelError> {
+        PackedActs::new_with(x, n_tokens, k, None)
+    }
+
+    /// [`PackedActs::new`], split by token tiles over `pool`.
+    pub fn new_with(
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<PackedActs, KernelError> {
         if x.len() != n_tokens * k || !k.is_multiple_of(KSTEP) {
             return Err(KernelError::BadLength {
                 what: "gemm activations (k a multiple of 32)",
@@ -153,13 +163,44 @@ impl PackedActs {
         }
         let t_pad = n_tokens.div_ceil(2 * TILE) * 2 * TILE;
         let mut data = vec![0u16; t_pad * k];
-        let mut row = vec![0u16; k]; // [k] bf16 one token
         let nks = k / KSTEP;
-        for t in 0..n_tokens {
-            micro::to_bf16(&x[t * k..(t + 1) * k], &mut row);
-            for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
-                let at = ((t / TILE * nks + s) * TILE + t % TILE) * KSTEP;
-                data[at..at + KSTEP].copy_from_slice(seg);
+        let tile_elems = nks * TILE * KSTEP; // one token tile: [nks][16][32]
+        // Token tile `tt` owns data[tt * tile_elems..][..tile_elems].
+        let pack = |tt: usize, dst: &mut [u16]| {
+            let mut row = vec![0u16; k]; // [k] bf16 one token
+            for ti in 0..TILE.min(n_tokens.saturating_sub(tt * TILE)) {
+                let t = tt * TILE + ti;
+                micro::to_bf16(&x[t * k..(t + 1) * k], &mut row);
+                for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
+                    let at = (s * TILE + ti) * KSTEP;
+                    dst[at..at + KSTEP].copy_from_slice(seg);
+                }
+            }
+        };
+        let n_tt = n_tokens.div_ceil(TILE);
+        match pool {
+            Some(p) if p.n_threads() > 1 && n_tt > 1 => {
+                let nt = p.n_threads();
+                let mut chunks: Vec<std::sync::Mutex<(usize, &mut [u16])>> = Vec::new();
+                let mut rest = &mut data[..];
+                for t in 0..nt {
+                    let r = split_range(n_tt, 1, t, nt);
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * tile_elems);
+                    rest = tail;
+                    chunks.push(std::sync::Mutex::new((r.start, head)));
+                }
+                p.run(&|t, _| {
+                    let mut g = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+                    let (first, ref mut dst) = *g;
+                    for (i, tile) in dst.chunks_exact_mut(tile_elems).enumerate() {
+                        pack(first + i, tile);
+                    }
+                });
+            }
+            _ => {
+                for (tt, tile) in data.chunks_exact_mut(tile_elems).take(n_tt).enumerate() {
+                    pack(tt, tile);
+                }
             }
         }
         Ok(PackedActs { n_tokens, k, data })

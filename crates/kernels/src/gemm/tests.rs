@@ -186,3 +186,15 @@ fn pack_group_matches_scalar_twin() {
     super::micro::pack_group_scalar(&rows, kc, &mut b);
     assert_eq!(a, b);
 }
+
+#[test]
+fn packing_over_threads_matches_serial() {
+    let pool = ThreadPool::new(3);
+    for &t in &[1, 15, 16, 17, 50, 97] {
+        let x = rand_vec(t * 96, t as u64);
+        let a = PackedActs::new(&x, t, 96).unwrap();
+        let b = PackedActs::new_with(&x, t, 96, Some(&pool)).unwrap();
+        assert_eq!(a.data, b.data, "{t} tokens");
+        assert_eq!(a.get(t - 1, 95), f32_to_bf16(x[t * 96 - 1]));
+    }
+}

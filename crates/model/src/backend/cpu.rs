@@ -591,7 +591,7 @@ impl CpuBackend {
         outs: &mut [&mut HostAct],
         swiglu: bool,
     ) -> Result<(), ModelError> {
-        let xp = PackedActs::new(&x.data, x.n_tokens, x.width)
+        let xp = PackedActs::new_with(&x.data, x.n_tokens, x.width, Some(&self.pool))
             .map_err(|e| kernel_err("gemm input", e))?;
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
             let view = w.tensor.view()?;
@@ -606,9 +606,33 @@ impl CpuBackend {
         }
         if swiglu {
             let (g, rest) = outs.split_at_mut(1);
-            k::swiglu(&mut g[0].data, &rest[0].data);
+            let (gate, up) = (&mut *g[0], &*rest[0]);
+            self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
+                k::swiglu(chunk, &up.data[r.start * up.width..r.end * up.width]);
+            });
         }
         Ok(())
+    }
+
+    /// Runs `f(tokens, rows)` over `data` (`[n_tokens, width]` f32) cut into one chunk of whole
+    /// tokens per thread, in parallel when there are at least two tokens per thread.
+    fn par_rows(
+        &self,
+        data: &mut [f32],
+        width: usize,
+        f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
+    ) {
+        let nt = self.pool.n_threads();
+        let n_tokens = data.len() / width.max(1);
+        if n_tokens < 2 * nt {
+            return f(0..n_tokens, data);
+        }
+        let chunks = split_mut(data, width, 1, nt);
+        self.pool.run(&|t, _| {
+            let (r, chunk) = &chunks[t];
+            let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
+            f(r.clone(), &mut g);
+        });
     }
 
     /// Attention of every token of `q` (`[n_tokens, n_head * hd]` f32, token t at `pos0 + t`)
@@ -784,7 +808,13 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
-        host_ops::rms_norm(x, w, eps, out)
+        check_len("rms_norm", "x row", x.width, w.len())?;
+        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
+        let width = x.width;
+        self.par_rows(&mut out.data, width, &|r, chunk| {
+            k::rms_norm(&x.data[r.start * width..r.end * width], w, eps, chunk);
+        });
+        Ok(())
     }
 
     fn matmul(&self, w: &CpuMatrix, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
@@ -822,7 +852,19 @@ impl Backend for CpuBackend {
         pos0: usize,
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
-        host_ops::rope(x, n_head, pos0, rope)
+        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
+        let width = x.width;
+        self.par_rows(&mut x.data, width, &|r, chunk| {
+            k::rope(
+                chunk,
+                n_head,
+                rope.head_dim,
+                pos0 + r.start,
+                &rope.inv_freq,
+                rope.layout,
+            );
+        });
+        Ok(())
     }
 
     fn attention(
@@ -942,11 +984,21 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
-        host_ops::swiglu(gate, up)
+        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
+        let width = gate.width;
+        self.par_rows(&mut gate.data, width, &|r, chunk| {
+            k::swiglu(chunk, &up.data[r.start * width..r.end * width]);
+        });
+        Ok(())
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
-        host_ops::add(x, y)
+        check_len("add", "y", y.data.len(), x.data.len())?;
+        let width = x.width;
+        self.par_rows(&mut x.data, width, &|r, chunk| {
+            k::add(chunk, &y.data[r.start * width..r.end * width]);
+        });
+        Ok(())
     }
 
     fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
