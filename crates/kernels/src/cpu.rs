@@ -187,7 +187,7 @@ pub enum Isa {
     Avx512,
     /// AVX-512 VNNI int8 dot products on top of AVX-512.
     Vnni,
-    /// AMX int8 tiles on top of VNNI.
+    /// AMX tiles (the bf16 prefill GEMM) on top of the VNNI dot products.
     Amx,
 }
 
@@ -229,7 +229,7 @@ impl Isa {
             Isa::Avx2 => "AVX2 + FMA kernels (256-bit)",
             Isa::Avx512 => "AVX-512 F/BW/VL kernels (512-bit)",
             Isa::Vnni => "AVX-512 VNNI int8 dot-product kernels",
-            Isa::Amx => "AMX int8 tile kernels",
+            Isa::Amx => "AMX-BF16 tiles for prompts (prefill GEMM) + VNNI dot products",
         }
     }
 
