@@ -404,11 +404,12 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::quantdot::f32_to_f16;
 
-    fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
+    /// Deterministic pseudo-random values in [-amp, amp) (shared with `attn_prefill`'s tests).
+    pub(crate) fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
         let mut s = seed | 1;
         (0..n)
             .map(|_| {

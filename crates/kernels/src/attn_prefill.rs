@@ -308,19 +308,8 @@ fn unit_body<const HD: usize>(
 mod tests {
     use super::*;
     use crate::attn_decode::attn_decode_f16_scalar;
+    use crate::attn_decode::tests::data;
     use crate::quantdot::f32_to_f16;
-
-    fn data(seed: u64, n: usize, amp: f32) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
-            })
-            .collect()
-    }
 
     fn check(
         n_head: usize,
