@@ -51,6 +51,11 @@ pub struct Params {
     pub min_p: Option<f32>,
     /// RNG seed (negative = random).
     pub seed: Option<i64>,
+    /// Reuse the common prompt prefix left in the slot's KV cache (llama.cpp server's
+    /// `cache_prompt`, default true). `false` evaluates the whole prompt afresh: slower, but
+    /// the logits no longer depend on what the slot ran before (a cached prefix plus a short
+    /// rest rounds differently from one whole prompt).
+    pub cache_prompt: Option<bool>,
     /// Stop strings.
     pub stop: Option<StopField>,
     /// Presence penalty.

@@ -355,6 +355,7 @@ async fn start(
         prompt,
         sampler,
         generate: gen_cfg,
+        cache_prompt: params.cache_prompt.unwrap_or(true),
         tx,
         enqueued: Instant::now(),
     };

@@ -35,6 +35,8 @@ pub struct Job {
     pub sampler: SamplerConfig,
     /// Stop strings, token budget, logprobs (the cancel flag is set by the worker).
     pub generate: GenerateConfig,
+    /// Reuse the slot's cached prompt prefix (`cache_prompt`).
+    pub cache_prompt: bool,
     /// Where events go.
     pub tx: UnboundedSender<Out>,
     /// When the job was queued.
@@ -217,6 +219,9 @@ impl Worker {
 
     fn run_job(&mut self, job: Job) {
         let queue_ms = job.enqueued.elapsed().as_secs_f64() * 1000.0;
+        if !job.cache_prompt {
+            self.seq.reset();
+        }
         let stats = JobStats {
             slot: self.slot,
             queue_ms,

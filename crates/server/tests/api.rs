@@ -275,7 +275,10 @@ fn greedy_completion_matches_runtime() {
 
 #[test]
 fn stop_strings_and_seeds() {
-    let base = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 16, "temperature": 0});
+    // `cache_prompt: false`: every request evaluates its whole prompt, so the texts compared
+    // below do not depend on which slot (and cached prefix) served each one.
+    let base = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 16, "temperature": 0,
+                      "cache_prompt": false});
     let full = post("/v1/completions", &base).json();
     let full_text = full["choices"][0]["text"].as_str().unwrap().to_string();
     // Stop at the first comma the greedy continuation produces (list form of `stop`).
@@ -290,7 +293,7 @@ fn stop_strings_and_seeds() {
     let sampled = |seed: i64| {
         let b = json!({
             "prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0,
-            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed,
+            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": false,
         });
         post("/v1/completions", &b).json()["choices"][0]["text"]
             .as_str()
