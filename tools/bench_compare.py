@@ -146,13 +146,16 @@ def main() -> None:
     ap.add_argument("--roofline", type=Path, default=ROOFLINE_C, help="path of roofline.c")
     ap.add_argument("--append", type=Path, help="append the section to this markdown file")
     ap.add_argument("--note", default="", help="a line printed under the heading")
+    ap.add_argument("--damascus-args", default="",
+                    help="extra `damascus bench` flags, e.g. \"--backend cuda\"")
+    ap.add_argument("--llama-args", default="", help="extra llama-bench flags, e.g. \"-ngl 99 -fa 1\"")
     args = ap.parse_args()
 
     sizes = ["-p", args.n_prompt, "-n", args.n_gen]
     a_cmd = [args.damascus, "bench", "-m", str(args.model), "-t", str(args.threads), *sizes,
-             "-r", "1", "--json"]
+             "-r", "1", "--json", *args.damascus_args.split()]
     b_cmd = [args.llama_bench, "-m", str(args.model), "-t", str(args.threads), *sizes,
-             "-r", "1", "-o", "json"]
+             "-r", "1", "-o", "json", *args.llama_args.split()]
     a: dict[str, list[float]] = {}
     b: dict[str, list[float]] = {}
     rss_a = rss_b = 0

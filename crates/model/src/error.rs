@@ -87,6 +87,9 @@ pub enum ModelError {
         /// Vocabulary size.
         n_vocab: usize,
     },
+    /// The CUDA side failed (no device, a driver call, a kernel compile).
+    #[error(transparent)]
+    Cuda(#[from] damascus_cuda::CudaError),
     /// The requested backend is not available on this machine or build.
     #[error("backend {name} is not available: {why}")]
     BackendUnavailable {

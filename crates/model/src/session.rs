@@ -28,6 +28,11 @@ pub enum BackendKind {
         /// Threads, the caller included.
         n_threads: Option<usize>,
     },
+    /// The CUDA backend (`backend::cuda`, feature `cuda`) on device `device`.
+    Cuda {
+        /// Device ordinal.
+        device: usize,
+    },
 }
 
 /// Options for [`Model::load`].
@@ -141,6 +146,13 @@ impl Model {
             BackendKind::Cpu { n_threads } => {
                 Self::with_backend(file, opts, CpuBackend::new(n_threads))
             }
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda { device } => {
+                let backend = crate::backend::cuda::CudaBackend::new(device)?;
+                Self::with_backend(file, opts, backend)
+            }
+            #[cfg(not(feature = "cuda"))]
+            BackendKind::Cuda { .. } => Err(damascus_cuda::CudaError::NotBuilt.into()),
         }
     }
 

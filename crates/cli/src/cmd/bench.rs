@@ -12,13 +12,15 @@
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use damascus_model::{BackendKind, LoadOptions, Model};
+use damascus_model::{LoadOptions, Model};
 
 /// Flags of `damascus bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     model: super::ModelArg,
+    #[command(flatten)]
+    backend: super::BackendArg,
     /// Prompt lengths to test (comma-separated; 0 skips the pp tests).
     #[arg(
         short = 'p',
@@ -53,6 +55,7 @@ impl Default for Args {
     fn default() -> Self {
         Args {
             model: super::ModelArg::default(),
+            backend: super::BackendArg::default(),
             n_prompt: vec![512],
             n_gen: vec![128],
             repetitions: 10,
@@ -212,13 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .unwrap_or_else(damascus_kernels::pool::physical_cores);
     let opts = LoadOptions {
         n_ctx: Some(n_ctx),
-        backend: if args.reference {
-            BackendKind::Reference
-        } else {
-            BackendKind::Cpu {
-                n_threads: Some(threads),
-            }
-        },
+        backend: args.backend.kind(args.reference, Some(threads))?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

@@ -114,6 +114,14 @@ fn print_text(
             println!("cuda     no CUDA device ({call} failed with CUresult {code})")
         }
     }
+    println!(
+        "cuda     backend {}",
+        if damascus_cuda::BUILT_WITH_CUDA {
+            "built in (--backend cuda; NVRTC + cuBLAS 13 loaded at run time)"
+        } else {
+            "not in this build (cargo build --release --features cuda)"
+        }
+    );
 }
 
 fn print_json(
@@ -162,6 +170,7 @@ fn print_json(
         "amx_os_enabled": f.amx_os_enabled,
         "kernels": kernels,
         "cuda": cuda,
+        "cuda_backend_built": damascus_cuda::BUILT_WITH_CUDA,
     });
     println!("{}", serde_json::to_string_pretty(&j)?);
     Ok(())

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, bail};
-use damascus_model::{BackendKind, KvCacheType, LoadOptions, Model};
+use damascus_model::{KvCacheType, LoadOptions, Model};
 use damascus_runtime::generate::{Completion, Event, GenerateConfig, Generator};
 use damascus_runtime::sampler::{SamplerChain, SamplerConfig, SamplerKind};
 use damascus_runtime::sequence::Sequence;
@@ -35,6 +35,8 @@ pub enum CacheType {
 pub struct EngineArgs {
     #[command(flatten)]
     pub model: super::ModelArg,
+    #[command(flatten)]
+    pub backend: super::BackendArg,
     /// Force the scalar f32 reference path (no activation quantization).
     #[arg(long)]
     pub reference: bool,
@@ -55,11 +57,7 @@ impl EngineArgs {
         let path = self.model.resolve()?;
         let opts = LoadOptions {
             n_ctx: self.ctx_size,
-            backend: match (self.reference, self.threads) {
-                (true, _) => BackendKind::Reference,
-                (false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
-                (false, None) => BackendKind::Auto,
-            },
+            backend: self.backend.kind(self.reference, self.threads)?,
             cache_type: self.cache_type.map(|t| match t {
                 CacheType::F32 => KvCacheType::F32,
                 CacheType::F16 => KvCacheType::F16,

@@ -18,6 +18,8 @@ pub mod verify;
 
 use std::path::PathBuf;
 
+use damascus_model::BackendKind;
+
 /// The `-m/--model` flag shared by every command that needs a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ModelArg {
@@ -30,5 +32,43 @@ impl ModelArg {
     /// Resolve to a local GGUF path, fetching the default model or a URL if needed.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
         Ok(damascus_hub::resolve_model(self.model.as_deref())?)
+    }
+}
+
+/// Which engine runs the model.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The SIMD CPU backend (the default).
+    #[default]
+    Cpu,
+    /// The CUDA backend (a build with `--features cuda` and an NVIDIA GPU).
+    Cuda,
+}
+
+/// The `--backend` / `--device` flags shared by every command that runs a model.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BackendArg {
+    /// Backend that runs the model.
+    #[arg(long, value_enum, default_value_t)]
+    pub backend: BackendChoice,
+    /// CUDA device ordinal (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+impl BackendArg {
+    /// The backend to load: `reference` and `threads` select among the CPU ones.
+    pub fn kind(&self, reference: bool, threads: Option<usize>) -> anyhow::Result<BackendKind> {
+        Ok(match (self.backend, reference, threads) {
+            (BackendChoice::Cuda, true, _) => {
+                anyhow::bail!("--reference runs on the CPU; drop it or --backend cuda")
+            }
+            (BackendChoice::Cuda, false, _) => BackendKind::Cuda {
+                device: self.device,
+            },
+            (BackendChoice::Cpu, true, _) => BackendKind::Reference,
+            (BackendChoice::Cpu, false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
+            (BackendChoice::Cpu, false, None) => BackendKind::Auto,
+        })
     }
 }

@@ -7,7 +7,7 @@
 //! ```
 
 use anyhow::{Context, bail};
-use damascus_model::{BackendKind, LoadOptions, Model};
+use damascus_model::{LoadOptions, Model};
 use damascus_tokenizer::Tokenizer;
 
 /// Flags of `damascus predict`.
@@ -15,6 +15,8 @@ use damascus_tokenizer::Tokenizer;
 pub struct Args {
     #[command(flatten)]
     model: super::ModelArg,
+    #[command(flatten)]
+    backend: super::BackendArg,
     /// How many candidates to print.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -58,11 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.resolve()?;
     let opts = LoadOptions {
         n_ctx: args.ctx_size,
-        backend: if args.reference {
-            BackendKind::Reference
-        } else {
-            BackendKind::Auto
-        },
+        backend: args.backend.kind(args.reference, None)?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

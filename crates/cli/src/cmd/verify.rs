@@ -8,13 +8,15 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use damascus_model::verify::{Fixture, Tolerance, verify};
-use damascus_model::{BackendKind, LoadOptions, Model};
+use damascus_model::{LoadOptions, Model};
 
 /// Flags of `damascus verify`.
 #[derive(clap::Args, Debug, Default)]
 pub struct Args {
     #[command(flatten)]
     model: super::ModelArg,
+    #[command(flatten)]
+    backend: super::BackendArg,
     /// Fixture JSON written by tools/hf_fixtures.py (its .bin sits beside it).
     #[arg(long)]
     fixture: PathBuf,
@@ -40,11 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = args.model.resolve()?;
     let opts = LoadOptions {
         n_ctx: Some(fixture.meta.ids.len().max(1)),
-        backend: if args.reference {
-            BackendKind::Reference
-        } else {
-            BackendKind::Auto
-        },
+        backend: args.backend.kind(args.reference, None)?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

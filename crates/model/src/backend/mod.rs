@@ -16,6 +16,8 @@
 //! Every backend is checked against [`reference::ReferenceBackend`], the scalar f32 oracle.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod reference;
 
 use damascus_kernels::reference::{AttnShape, RopeLayout};

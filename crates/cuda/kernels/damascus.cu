@@ -1,0 +1,710 @@
+// Damascus CUDA kernels. Compiled at run time with NVRTC (no CUDA headers needed: every type
+// and conversion below is spelled out), cached on disk by hash of this text and the target.
+//
+// Conventions
+// * Activations are f32 row-major [n_tokens, width]. Their q8 shadow (for the dp4a GEMVs) is
+//   xq int8 [n_tokens, width] plus xds float2 [n_tokens, width / 32] = (d, d * sum(q)) per
+//   32-block: x ~= d * q.
+// * Weight matrices [rows, cols] live in one device buffer per tensor, in a per-format layout
+//   (FMT_*). Formats whose GGUF blocks are not 4-byte aligned (Q8_0 34 B, Q5_0 22 B, Q6_K 210 B)
+//   are split on the host into aligned planes: plane 0 at byte 0, plane 1 at off1, plane 2 at
+//   off2, each indexed by block = row * blocks_per_row + b.
+//     FMT_Q4K  native 144-byte blocks (d, dmin, scales[12], qs[128])
+//     FMT_Q41  native 20-byte blocks  (d, m, qs[16])
+//     FMT_Q80  plane0 qs[32]          plane1 d (f16)
+//     FMT_Q50  plane0 qs[16]          plane1 qh (u32)      plane2 d (f16)
+//     FMT_Q6K  plane0 ql[128] qh[64]  plane1 scales[16] i8 plane2 d (f16)
+//     FMT_F16  plane0 [rows, cols] f16 (every other type, dequantized on the host)
+// * The KV cache is f16, head-major: [layer][n_head_kv][n_ctx][head_dim].
+// * `inputs` is a small device buffer the host writes before each forward pass:
+//   inputs[0] = pos0 (position of token 0), inputs[1 + t] = token id of token t. Kernels read
+//   positions from it, so a captured decode graph replays unchanged at every position.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FMT_Q4K 0
+#define FMT_Q41 1
+#define FMT_Q80 2
+#define FMT_Q50 3
+#define FMT_Q6K 4
+#define FMT_F16 5
+
+#define FULL 0xffffffffu
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ u16 f2bf(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+__device__ __forceinline__ int warp_sum_i(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
+__device__ __forceinline__ uint4 ld128(const u8* p) { return *(const uint4*)p; }
+
+// Quantizes one 32-block held one element per lane of a full warp.
+__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d > 0.0f ? 1.0f / d : 0.0f;
+    int qi = __float2int_rn(v * id);
+    q[lane] = (i8)qi;
+    int s = warp_sum_i(qi);
+    if (lane == 0) *ds = make_float2(d, d * (float)s);
+}
+
+// ---------------------------------------------------------------------------------------
+// Elementwise and normalization.
+
+// x [n_blocks * 32] f32 -> q8. One warp per 32-block.
+extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_blocks) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    int lane = threadIdx.x & 31;
+    q8_block(x[b * 32 + lane], q + b * 32, ds + b);
+}
+
+// out = x * rsqrt(mean(x^2) + eps) * w, one block per token; also the q8 shadow of out when
+// do_q (width % 32 == 0).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
+                                    i8* q, float2* ds, int width, int do_q) {
+    __shared__ float red[32];
+    int t = blockIdx.x;
+    const float* xr = x + (u64)t * width;
+    float* orow = out + (u64)t * width;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float v = lane < nw ? red[lane] : 0.0f;
+        v = warp_sum(v);
+        if (lane == 0) red[0] = v;
+    }
+    __syncthreads();
+    float scale = 1.0f / sqrtf(red[0] / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+    if (do_q) {
+        int nb = width >> 5;
+        for (int b = warp; b < nb; b += nw) {
+            float v = xr[b * 32 + lane] * scale * w[b * 32 + lane];
+            q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * nb + b);
+        }
+    }
+}
+
+// gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp
+// per 32-block.
+extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
+                                  int do_q) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    int i = b * 32 + (threadIdx.x & 31);
+    float g = gate[i];
+    float v = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = v;
+    if (do_q) q8_block(v, q + b * 32, ds + b);
+}
+
+// x += y over n elements.
+extern "C" __global__ void add(float* x, const float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// f32 -> bf16 over n elements (the GEMM's activation operand).
+extern "C" __global__ void to_bf16(const float* x, u16* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(x[i]);
+}
+
+// Rotates x [n_tok, n_head, head_dim] in place at positions inputs[0] + t. One thread per
+// rotated pair; neox selects the (i, i + half) pairing instead of (2i, 2i + 1).
+extern "C" __global__ void rope(float* x, const u32* inputs, const float* inv_freq, int n_tok,
+                                int n_head, int head_dim, int half, int neox) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int per_tok = n_head * half;
+    if (idx >= n_tok * per_tok) return;
+    int t = idx / per_tok;
+    int r = idx - t * per_tok;
+    int h = r / half;
+    int i = r - h * half;
+    double theta = (double)(inputs[0] + t) * (double)inv_freq[i];
+    double s, c;
+    sincos(theta, &s, &c);
+    float sn = (float)s, cs = (float)c;
+    float* head = x + ((u64)t * n_head + h) * head_dim;
+    int a = neox ? i : 2 * i;
+    int b = neox ? i + half : 2 * i + 1;
+    float x0 = head[a], x1 = head[b];
+    head[a] = x0 * cs - x1 * sn;
+    head[b] = x0 * sn + x1 * cs;
+}
+
+// Writes k, v [n_tok, n_kv, head_dim] f32 into one layer's f16 cache
+// [n_kv][n_ctx][head_dim] at positions inputs[0] + t.
+extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc,
+                                    const u32* inputs, int n_tok, int n_kv, int head_dim,
+                                    int n_ctx) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int per_tok = n_kv * head_dim;
+    if (idx >= n_tok * per_tok) return;
+    int t = idx / per_tok;
+    int r = idx - t * per_tok;
+    int h = r / head_dim;
+    int d = r - h * head_dim;
+    u64 dst = ((u64)h * n_ctx + inputs[0] + t) * head_dim + d;
+    kc[dst] = f2h(k[idx]);
+    vc[dst] = f2h(v[idx]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Dequantization: group g (32 weights) of row `row`.
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* s, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+template <int FMT>
+__device__ void deq32(const u8* w, u64 off1, u64 off2, u64 row, int g, int cols, float* o) {
+    if (FMT == FMT_Q4K) {
+        u64 nb = cols >> 8;
+        const u8* B = w + (row * nb + (g >> 3)) * 144;
+        int s = g & 7;
+        float d = h2f(*(const u16*)B), dmin = h2f(*(const u16*)(B + 2));
+        int sc, m;
+        scale_min_k4(s, B + 4, &sc, &m);
+        float dl = d * (float)sc, ml = dmin * (float)m;
+        const u8* qs = B + 16 + 32 * (s >> 1);
+        int sh = (s & 1) * 4;
+        for (int l = 0; l < 32; l++) o[l] = dl * (float)((qs[l] >> sh) & 0xF) - ml;
+    } else if (FMT == FMT_Q41) {
+        u64 nb = cols >> 5;
+        const u8* B = w + (row * nb + g) * 20;
+        float d = h2f(*(const u16*)B), m = h2f(*(const u16*)(B + 2));
+        for (int j = 0; j < 16; j++) {
+            o[j] = d * (float)(B[4 + j] & 0xF) + m;
+            o[j + 16] = d * (float)(B[4 + j] >> 4) + m;
+        }
+    } else if (FMT == FMT_Q80) {
+        u64 blk = row * (cols >> 5) + g;
+        const i8* qs = (const i8*)(w + blk * 32);
+        float d = h2f(((const u16*)(w + off1))[blk]);
+        for (int j = 0; j < 32; j++) o[j] = d * (float)qs[j];
+    } else if (FMT == FMT_Q50) {
+        u64 blk = row * (cols >> 5) + g;
+        const u8* qs = w + blk * 16;
+        u32 qh = ((const u32*)(w + off1))[blk];
+        float d = h2f(((const u16*)(w + off2))[blk]);
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+            int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            o[j] = d * (float)(lo - 16);
+            o[j + 16] = d * (float)(hi - 16);
+        }
+    } else if (FMT == FMT_Q6K) {
+        u64 blk = row * (cols >> 8) + (g >> 3);
+        const u8* qlh = w + blk * 192;
+        const i8* scs = (const i8*)(w + off1 + blk * 16);
+        float d = h2f(((const u16*)(w + off2))[blk]);
+        int s = g & 7, n = s >> 2, k = s & 3;
+        const u8* ql = qlh + 64 * n + 32 * (k & 1);
+        const u8* qh = qlh + 128 + 32 * n;
+        int sh = k < 2 ? 0 : 4;
+        for (int l = 0; l < 32; l++) {
+            int q = ((ql[l] >> sh) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);
+            o[l] = d * (float)scs[8 * n + 2 * k + (l >> 4)] * (float)(q - 32);
+        }
+    } else {
+        const u16* p = (const u16*)w + row * (u64)cols + g * 32;
+        for (int j = 0; j < 32; j++) o[j] = h2f(p[j]);
+    }
+}
+
+// Dequantizes rows of w into out_f32 [n_out, cols] and/or out_bf16 [n_out, cols]. Output row r
+// is weight row ids[r] when ids is given (embedding lookup; ids = inputs + 1), else row r.
+// Token ids are checked on the host; a row past `rows` is written as zeros, never read.
+template <int FMT>
+__device__ void dequant_rows(const u8* w, u64 off1, u64 off2, int rows, int cols,
+                             const u32* ids, float* out_f32, u16* out_bf16) {
+    u64 r = blockIdx.x;
+    u64 row = ids ? (u64)ids[r] : r;
+    float o[32];
+    for (int g = threadIdx.x; g < (cols >> 5); g += blockDim.x) {
+        if (row < (u64)rows) {
+            deq32<FMT>(w, off1, off2, row, g, cols, o);
+        } else {
+            for (int j = 0; j < 32; j++) o[j] = 0.0f;
+        }
+        u64 base = r * cols + g * 32;
+        if (out_f32)
+            for (int j = 0; j < 32; j++) out_f32[base + j] = o[j];
+        if (out_bf16)
+            for (int j = 0; j < 32; j++) out_bf16[base + j] = f2bf(o[j]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block,
+// blockIdx.y = token. Each lane takes "units" (a fixed slice of the row's blocks) in turn;
+// quantized formats use dp4a against the q8 shadow, f16 uses the f32 activations.
+
+__device__ __forceinline__ float unit_q4k(const u8* w, u64 row, int u, int cols, const i8* xq,
+                                          const float2* xds) {
+    u64 nb = cols >> 8;
+    int sb = u >> 3, p = u & 7, j = p >> 1, h = p & 1;
+    const u8* B = w + (row * nb + sb) * 144;
+    float d = h2f(*(const u16*)B), dmin = h2f(*(const u16*)(B + 2));
+    int sc1, m1, sc2, m2;
+    scale_min_k4(2 * j, B + 4, &sc1, &m1);
+    scale_min_k4(2 * j + 1, B + 4, &sc2, &m2);
+    uint4 q = ld128(B + 16 + 32 * j + 16 * h);
+    const u8* xb = (const u8*)xq + sb * 256 + 64 * j + 16 * h;
+    uint4 xl = ld128(xb), xh = ld128(xb + 32);
+    u32 qw[4] = {q.x, q.y, q.z, q.w};
+    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
+    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
+    int dl = 0, dh = 0, sl = 0, sh = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        dl = dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], dl);
+        dh = dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], dh);
+        sl = dp4a(0x01010101, xlw[k], sl);
+        sh = dp4a(0x01010101, xhw[k], sh);
+    }
+    float dxl = xds[sb * 8 + 2 * j].x, dxh = xds[sb * 8 + 2 * j + 1].x;
+    return d * ((float)sc1 * dxl * (float)dl + (float)sc2 * dxh * (float)dh) -
+           dmin * ((float)m1 * dxl * (float)sl + (float)m2 * dxh * (float)sh);
+}
+
+__device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 row, int u,
+                                          int cols, const i8* xq, const float2* xds) {
+    u64 nb = cols >> 8;
+    int sb = u >> 2, p = u & 3, n = p >> 1, ih = p & 1;
+    u64 blk = row * nb + sb;
+    const u8* qlh = w + blk * 192;
+    const i8* scs = (const i8*)(w + off1 + blk * 16);
+    float d = h2f(((const u16*)(w + off2))[blk]);
+    uint4 a4 = ld128(qlh + 64 * n + 16 * ih);
+    uint4 b4 = ld128(qlh + 64 * n + 32 + 16 * ih);
+    uint4 h4 = ld128(qlh + 128 + 32 * n + 16 * ih);
+    u32 aw[4] = {a4.x, a4.y, a4.z, a4.w};
+    u32 bw[4] = {b4.x, b4.y, b4.z, b4.w};
+    u32 hw[4] = {h4.x, h4.y, h4.z, h4.w};
+    const u8* xb = (const u8*)xq + sb * 256 + 128 * n + 16 * ih;
+    int dot[4] = {0, 0, 0, 0}, sum[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 qk[4];
+        qk[0] = (aw[i] & 0x0F0F0F0Fu) | ((hw[i] << 4) & 0x30303030u);
+        qk[1] = (bw[i] & 0x0F0F0F0Fu) | ((hw[i] << 2) & 0x30303030u);
+        qk[2] = ((aw[i] >> 4) & 0x0F0F0F0Fu) | (hw[i] & 0x30303030u);
+        qk[3] = ((bw[i] >> 4) & 0x0F0F0F0Fu) | ((hw[i] >> 2) & 0x30303030u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int xv = (int)ld32(xb + 32 * k + 4 * i);
+            dot[k] = dp4a((int)qk[k], xv, dot[k]);
+            sum[k] = dp4a(0x01010101, xv, sum[k]);
+        }
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float dx = xds[sb * 8 + 4 * n + k].x;
+        acc += (float)scs[8 * n + 2 * k + ih] * dx * (float)(dot[k] - 32 * sum[k]);
+    }
+    return d * acc;
+}
+
+__device__ __forceinline__ float unit_q80(const u8* w, u64 off1, u64 row, int u, int cols,
+                                          const i8* xq, const float2* xds) {
+    u64 blk = row * (cols >> 5) + u;
+    const u8* qs = w + blk * 32;
+    float d = h2f(((const u16*)(w + off1))[blk]);
+    const u8* xb = (const u8*)xq + u * 32;
+    int acc = 0;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        uint4 q = ld128(qs + 16 * k), x = ld128(xb + 16 * k);
+        acc = dp4a((int)q.x, (int)x.x, acc);
+        acc = dp4a((int)q.y, (int)x.y, acc);
+        acc = dp4a((int)q.z, (int)x.z, acc);
+        acc = dp4a((int)q.w, (int)x.w, acc);
+    }
+    return d * xds[u].x * (float)acc;
+}
+
+__device__ __forceinline__ float unit_q41(const u8* w, u64 row, int u, int cols, const i8* xq,
+                                          const float2* xds) {
+    const u8* B = w + (row * (cols >> 5) + u) * 20;
+    float d = h2f(*(const u16*)B), m = h2f(*(const u16*)(B + 2));
+    const u8* xb = (const u8*)xq + u * 32;
+    uint4 xl = ld128(xb), xh = ld128(xb + 16);
+    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
+    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
+    int acc = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 q = ld32(B + 4 + 4 * k);
+        acc = dp4a((int)(q & 0x0F0F0F0Fu), xlw[k], acc);
+        acc = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), xhw[k], acc);
+    }
+    float2 ds = xds[u];
+    return d * ds.x * (float)acc + m * ds.y;
+}
+
+__device__ __forceinline__ u32 spread4(u32 b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+__device__ __forceinline__ float unit_q50(const u8* w, u64 off1, u64 off2, u64 row, int u,
+                                          int cols, const i8* xq, const float2* xds) {
+    u64 blk = row * (cols >> 5) + u;
+    uint4 q4 = ld128(w + blk * 16);
+    u32 qw[4] = {q4.x, q4.y, q4.z, q4.w};
+    u32 qh = ((const u32*)(w + off1))[blk];
+    float d = h2f(((const u16*)(w + off2))[blk]);
+    const u8* xb = (const u8*)xq + u * 32;
+    uint4 xl = ld128(xb), xh = ld128(xb + 16);
+    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
+    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
+    int acc = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 lo = (qw[k] & 0x0F0F0F0Fu) | spread4((qh >> (4 * k)) & 0xF);
+        u32 hi = ((qw[k] >> 4) & 0x0F0F0F0Fu) | spread4((qh >> (16 + 4 * k)) & 0xF);
+        acc = dp4a((int)lo, xlw[k], acc);
+        acc = dp4a((int)hi, xhw[k], acc);
+    }
+    float2 ds = xds[u];
+    return d * (ds.x * (float)acc - 16.0f * ds.y);
+}
+
+__device__ __forceinline__ float unit_f16(const u8* w, u64 row, int u, int cols,
+                                          const float* xf) {
+    const u8* p = w + (row * (u64)cols + u * 32) * 2;
+    const float* x = xf + u * 32;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 v = ld128(p + 16 * k);
+        u32 vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc += h2f((u16)(vw[i] & 0xFFFF)) * x[8 * k + 2 * i];
+            acc += h2f((u16)(vw[i] >> 16)) * x[8 * k + 2 * i + 1];
+        }
+    }
+    return acc;
+}
+
+template <int FMT>
+__device__ __forceinline__ int units_per_row(int cols) {
+    if (FMT == FMT_Q4K) return (cols >> 8) * 8;
+    if (FMT == FMT_Q6K) return (cols >> 8) * 4;
+    return cols >> 5;
+}
+
+template <int FMT>
+__device__ __forceinline__ float row_dot(const u8* w, u64 off1, u64 off2, u64 row, int cols,
+                                         const i8* xq, const float2* xds, const float* xf) {
+    int lane = threadIdx.x & 31;
+    int units = units_per_row<FMT>(cols);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int u = lane; u < units; u += 32) {
+        if (FMT == FMT_Q4K) acc += unit_q4k(w, row, u, cols, xq, xds);
+        else if (FMT == FMT_Q6K) acc += unit_q6k(w, off1, off2, row, u, cols, xq, xds);
+        else if (FMT == FMT_Q80) acc += unit_q80(w, off1, row, u, cols, xq, xds);
+        else if (FMT == FMT_Q41) acc += unit_q41(w, row, u, cols, xq, xds);
+        else if (FMT == FMT_Q50) acc += unit_q50(w, off1, off2, row, u, cols, xq, xds);
+        else acc += unit_f16(w, row, u, cols, xf);
+    }
+    return warp_sum(acc);
+}
+
+template <int FMT>
+__device__ void gemv(const u8* w, u64 off1, u64 off2, int rows, int cols, const i8* xq,
+                     const float2* xds, const float* xf, float* out) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    u64 t = blockIdx.y;
+    float acc = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
+                             xf + t * cols);
+    if ((threadIdx.x & 31) == 0) out[t * rows + row] = acc;
+}
+
+#define INSTANTIATE(NAME, FMT)                                                                 \
+    extern "C" __global__ void gemv_##NAME(const u8* w, u64 off1, u64 off2, int rows,          \
+                                           int cols, const i8* xq, const float2* xds,          \
+                                           const float* xf, float* out) {                      \
+        gemv<FMT>(w, off1, off2, rows, cols, xq, xds, xf, out);                                \
+    }                                                                                          \
+    extern "C" __global__ void dequant_##NAME(const u8* w, u64 off1, u64 off2, int rows,       \
+                                              int cols, const u32* ids, float* out_f32,        \
+                                              u16* out_bf16) {                                 \
+        dequant_rows<FMT>(w, off1, off2, rows, cols, ids, out_f32, out_bf16);                  \
+    }
+
+INSTANTIATE(q4k, FMT_Q4K)
+INSTANTIATE(q41, FMT_Q41)
+INSTANTIATE(q80, FMT_Q80)
+INSTANTIATE(q50, FMT_Q50)
+INSTANTIATE(q6k, FMT_Q6K)
+INSTANTIATE(f16, FMT_F16)
+
+// ---------------------------------------------------------------------------------------
+// Attention over the f16 head-major cache. Scores are scaled by `scale` (1/sqrt(head_dim)).
+// A query head h reads KV head h / group.
+
+#define ATT_CHUNK 64
+#define MAX_GROUP 8
+
+// Decode (one query token at position inputs[0]), split-K: block (kv head, split) handles
+// positions [split * ATT_CHUNK, +ATT_CHUNK) for every query head of its group and writes an
+// unnormalized partial (m, l, o[D]) per query head; `attn_combine` merges the splits. Splits
+// past the current length write l = 0. One warp per block; lane owns dims lane + 32 i.
+// part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
+template <int D, int G>
+__device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
+                           float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
+                           float scale) {
+    const int group = G;
+    const int PER = D / 32;
+    int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
+    int n_pos = inputs[0] + 1;
+    int p0 = split * ATT_CHUNK;
+    int p1 = min(p0 + ATT_CHUNK, n_pos);
+    __shared__ float qs[G][D];
+    __shared__ float sc[G][ATT_CHUNK];
+    if (p0 >= n_pos) {
+        _Pragma("unroll") for (int g = 0; g < group; g++) {
+            int h = kvh * group + g;
+            if (lane == 0) part_ml[h * n_split + split] = make_float2(-INFINITY, 0.0f);
+        }
+        return;
+    }
+    _Pragma("unroll") for (int g = 0; g < group; g++)
+        for (int i = lane; i < D; i += 32) qs[g][i] = q[(kvh * group + g) * D + i] * scale;
+    __syncwarp();
+    const u16* kb = kc + (u64)kvh * n_ctx * D;
+    const u16* vb = vc + (u64)kvh * n_ctx * D;
+    // Scores: lane per position.
+    for (int p = p0 + lane; p < p0 + ATT_CHUNK; p += 32) {
+        float s[G];
+        _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
+        if (p < p1) {
+            const u16* kr = kb + (u64)p * D;
+            for (int i = 0; i < D; i += 8) {
+                uint4 kv = *(const uint4*)(kr + i);
+                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
+                float kf[8];
+                for (int j = 0; j < 4; j++) {
+                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
+                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+                }
+                _Pragma("unroll") for (int g = 0; g < group; g++)
+                    for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
+            }
+        }
+        _Pragma("unroll") for (int g = 0; g < group; g++) sc[g][p - p0] = p < p1 ? s[g] : -INFINITY;
+    }
+    __syncwarp();
+    _Pragma("unroll") for (int g = 0; g < group; g++) {
+        float m = -INFINITY;
+        for (int p = lane; p < ATT_CHUNK; p += 32) m = fmaxf(m, sc[g][p]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int p = lane; p < ATT_CHUNK; p += 32) {
+            float e = p0 + p < p1 ? expf(sc[g][p] - m) : 0.0f;
+            sc[g][p] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        __syncwarp();
+        float o[PER];
+        for (int i = 0; i < PER; i++) o[i] = 0.0f;
+        for (int p = p0; p < p1; p++) {
+            float e = sc[g][p - p0];
+            const u16* vr = vb + (u64)p * D;
+            for (int i = 0; i < PER; i++) o[i] += e * h2f(vr[lane + 32 * i]);
+        }
+        int h = kvh * group + g;
+        float* po = part_o + ((u64)h * n_split + split) * D;
+        for (int i = 0; i < PER; i++) po[lane + 32 * i] = o[i];
+        if (lane == 0) part_ml[h * n_split + split] = make_float2(m, l);
+    }
+}
+
+// Merges the splits of `attn_split` into out [n_head * D] (and its q8 shadow when do_q).
+// Block per query head, D threads.
+template <int D>
+__device__ void attn_combine(const float* part_o, const float2* part_ml, float* out, i8* q,
+                             float2* ds, int n_split, int do_q) {
+    int h = blockIdx.x, d = threadIdx.x;
+    const float2* ml = part_ml + (u64)h * n_split;
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        if (ml[s].y > 0.0f) M = fmaxf(M, ml[s].x);
+    float L = 0.0f, acc = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        float2 v = ml[s];
+        if (v.y > 0.0f) {
+            float f = expf(v.x - M);
+            L += f * v.y;
+            acc += f * part_o[((u64)h * n_split + s) * D + d];
+        }
+    }
+    float r = L > 0.0f ? acc / L : 0.0f;
+    out[h * D + d] = r;
+    if (do_q) {
+        int b = (h * D + d) >> 5;
+        q8_block(r, q + b * 32, ds + b);
+    }
+}
+
+// Prompt attention: one warp per (query token, KV head), covering every query head of the
+// group, with an online softmax over 32-position chunks (lane per position for the scores,
+// lane per dims for the values). Token t sits at position inputs[0] + t and sees positions
+// 0..=that. q [n_tok, n_head, D], out likewise; 4 warps per block.
+template <int D, int G>
+__device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const u32* inputs,
+                             float* out, int n_tok, int n_head, int n_ctx, float scale) {
+    const int group = G;
+    const int PER = D / 32;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t = blockIdx.y * 4 + warp;
+    int kvh = blockIdx.x;
+    __shared__ float qs_all[4][G][D];
+    if (t >= n_tok) return;
+    float(*qs)[D] = qs_all[warp];
+    const float* qt = q + ((u64)t * n_head + kvh * group) * D;
+    _Pragma("unroll") for (int g = 0; g < group; g++)
+        for (int i = lane; i < D; i += 32) qs[g][i] = qt[g * D + i] * scale;
+    __syncwarp();
+    int n_pos = inputs[0] + t + 1;
+    const u16* kb = kc + (u64)kvh * n_ctx * D;
+    const u16* vb = vc + (u64)kvh * n_ctx * D;
+    float m[G], l[G], o[G][PER];
+    _Pragma("unroll") for (int g = 0; g < group; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+        for (int i = 0; i < PER; i++) o[g][i] = 0.0f;
+    }
+    for (int p0 = 0; p0 < n_pos; p0 += 32) {
+        int p = p0 + lane;
+        float s[G];
+        _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
+        if (p < n_pos) {
+            const u16* kr = kb + (u64)p * D;
+            for (int i = 0; i < D; i += 8) {
+                uint4 kv = *(const uint4*)(kr + i);
+                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
+                float kf[8];
+                for (int j = 0; j < 4; j++) {
+                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
+                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+                }
+                _Pragma("unroll") for (int g = 0; g < group; g++)
+                    for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
+            }
+        }
+        int n_here = min(32, n_pos - p0);
+        _Pragma("unroll") for (int g = 0; g < group; g++) {
+            float sv = p < n_pos ? s[g] : -INFINITY;
+            float cm = warp_max(sv);
+            float nm = fmaxf(m[g], cm);
+            float corr = expf(m[g] - nm);
+            float e = p < n_pos ? expf(sv - nm) : 0.0f;
+            l[g] = l[g] * corr + warp_sum(e);
+            m[g] = nm;
+            for (int i = 0; i < PER; i++) o[g][i] *= corr;
+            for (int j = 0; j < n_here; j++) {
+                float ej = __shfl_sync(FULL, e, j);
+                const u16* vr = vb + (u64)(p0 + j) * D;
+                for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
+            }
+        }
+    }
+    float* ot = out + ((u64)t * n_head + kvh * group) * D;
+    _Pragma("unroll") for (int g = 0; g < group; g++)
+        for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
+}
+
+#define ATT_GROUPS(CALL)                                                                       \
+    switch (group) {                                                                           \
+        case 1: CALL(1); break;                                                                \
+        case 2: CALL(2); break;                                                                \
+        case 3: CALL(3); break;                                                                \
+        case 4: CALL(4); break;                                                                \
+        case 5: CALL(5); break;                                                                \
+        case 6: CALL(6); break;                                                                \
+        case 7: CALL(7); break;                                                                \
+        default: CALL(8); break;                                                               \
+    }
+
+// `group` (1..=MAX_GROUP, checked on the host) picks the instantiation.
+#define INSTANTIATE_ATTN(D)                                                                    \
+    extern "C" __global__ void attn_split_##D(const float* q, const u16* kc, const u16* vc,    \
+                                              const u32* inputs, float* part_o,                \
+                                              float2* part_ml, int n_head, int group,          \
+                                              int n_ctx, int n_split, float scale) {           \
+        ATT_GROUPS(SPLIT_##D)                                                                  \
+    }                                                                                          \
+    extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \
+                                                float* out, i8* q, float2* ds, int n_split,    \
+                                                int do_q) {                                    \
+        attn_combine<D>(part_o, part_ml, out, q, ds, n_split, do_q);                           \
+    }                                                                                          \
+    extern "C" __global__ void attn_prefill_##D(const float* q, const u16* kc, const u16* vc,  \
+                                                const u32* inputs, float* out, int n_tok,      \
+                                                int n_head, int group, int n_ctx,              \
+                                                float scale) {                                 \
+        ATT_GROUPS(PREFILL_##D)                                                                \
+    }
+
+#define SPLIT_64(G) attn_split<64, G>(q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, scale)
+#define SPLIT_128(G) attn_split<128, G>(q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, scale)
+#define PREFILL_64(G) attn_prefill<64, G>(q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale)
+#define PREFILL_128(G) attn_prefill<128, G>(q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale)
+
+INSTANTIATE_ATTN(64)
+INSTANTIATE_ATTN(128)

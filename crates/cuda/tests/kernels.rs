@@ -1,0 +1,402 @@
+//! Every CUDA kernel against a host reference on random inputs with awkward sizes (1, 3, 7, 33
+//! rows/tokens; K-quant rows of 1–3 super-blocks; positions across attention splits).
+//!
+//! Runs only with `--features cuda`. Without a device each test says SKIPPED and passes, unless
+//! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure.
+#![cfg(feature = "cuda")]
+
+use std::sync::{Arc, OnceLock};
+
+use damascus_cuda::layout::{self, Format};
+use damascus_cuda::{CudaError, Gpu};
+use damascus_gguf::GgmlType;
+
+fn gpu() -> Option<Arc<Gpu>> {
+    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
+    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    match GPU.get_or_init(|| match Gpu::open(0) {
+        Ok(g) => Ok(g),
+        Err(CudaError::NoDevice(why)) => Err(why),
+        Err(e) => panic!("opening the GPU failed: {e}"),
+    }) {
+        Ok(g) => Some(Arc::clone(g)),
+        Err(why) if !required => {
+            eprintln!("SKIPPED: no CUDA device ({why})");
+            None
+        }
+        Err(why) => panic!("DAMASCUS_REQUIRE_CUDA=1 but no CUDA device: {why}"),
+    }
+}
+
+/// Deterministic pseudo-random floats in [-1, 1) (an xorshift).
+fn randn(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn quantized(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let x = randn(rows * cols, seed);
+    let rb = dtype.row_bytes(cols as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows * rb];
+    for (r, dst) in out.chunks_exact_mut(rb).enumerate() {
+        damascus_quant::quantize_row(dtype, &x[r * cols..(r + 1) * cols], dst).unwrap();
+    }
+    out
+}
+
+const TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_K, // through the f16 fallback
+    GgmlType::F32,  // likewise
+];
+
+fn shapes(dtype: GgmlType) -> Vec<(usize, usize)> {
+    if dtype.block_size() == 256 {
+        vec![(1, 256), (3, 512), (7, 768), (33, 256)]
+    } else {
+        vec![(1, 32), (3, 96), (7, 256), (33, 800)]
+    }
+}
+
+#[test]
+fn dequant_matches_host_layout() {
+    let Some(g) = gpu() else { return };
+    for dtype in TYPES {
+        for (rows, cols) in shapes(dtype) {
+            let src = quantized(dtype, rows, cols, rows as u64 * 31 + cols as u64);
+            let p = layout::pack(dtype, &src, rows, cols).unwrap();
+            let m = g.upload_packed(&p).unwrap();
+            let got = g.dequantize(&m).unwrap();
+            for r in 0..rows {
+                let want = layout::dequant_row(&p, r);
+                for (c, (&a, &b)) in got[r * cols..(r + 1) * cols].iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                        "{dtype:?} [{rows},{cols}] ({r},{c}): gpu {a} host {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The q8 rounding bound of `sum_i w_i x_i`: each x_i is off by at most half its block's step.
+fn q8_bound(w: &[f32], x: &[f32]) -> f64 {
+    let mut b = 0.0;
+    for (wb, xb) in w.chunks(32).zip(x.chunks(32)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let step = f64::from(amax) / 127.0;
+        b += wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * step * 0.51;
+    }
+    b
+}
+
+#[test]
+fn gemv_and_gemm_match_host_dot_products() {
+    let Some(g) = gpu() else { return };
+    for dtype in TYPES {
+        for (rows, cols) in shapes(dtype) {
+            let src = quantized(dtype, rows, cols, 7 * rows as u64 + cols as u64);
+            let p = layout::pack(dtype, &src, rows, cols).unwrap();
+            let m = g.upload_packed(&p).unwrap();
+            let w: Vec<Vec<f32>> = (0..rows).map(|r| layout::dequant_row(&p, r)).collect();
+            // 1 and 3 tokens: the GEMVs; 16 and 33: the bf16 cuBLAS GEMM.
+            for n in [1usize, 3, 16, 33] {
+                let x = randn(n * cols, n as u64 + 99);
+                let xa = g.act(n, cols).unwrap();
+                let out = g.act(n, rows).unwrap();
+                g.write(&xa, &x).unwrap();
+                g.begin(n, 0).unwrap();
+                g.matmul(&m, &xa, &out).unwrap();
+                g.end().unwrap();
+                let got = g.read(&out).unwrap();
+                for t in 0..n {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    for (r, wr) in w.iter().enumerate() {
+                        let want: f64 = wr
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        let mag: f64 = wr
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| f64::from((a * b).abs()))
+                            .sum();
+                        let tol = if n >= damascus_cuda::GEMM_MIN_TOKENS {
+                            // bf16 operands: 2^-8 relative each.
+                            mag * 8e-3 + 1e-5
+                        } else if p.format == Format::F16 {
+                            mag * 2e-3 + 1e-5
+                        } else {
+                            q8_bound(wr, xt) + mag * 1e-5 + 1e-5
+                        };
+                        let gv = f64::from(got[t * rows + r]);
+                        assert!(
+                            (gv - want).abs() <= tol,
+                            "{dtype:?} [{rows},{cols}] n={n} t={t} r={r}: gpu {gv} host {want} (tol {tol})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_swiglu_add_rope_match_host() {
+    let Some(g) = gpu() else { return };
+    for (n, width) in [(1usize, 32usize), (3, 96), (7, 576), (33, 256)] {
+        let x = randn(n * width, 5);
+        let wv = randn(width, 6);
+        let xa = g.act(n, width).unwrap();
+        let oa = g.act(n, width).unwrap();
+        g.write(&xa, &x).unwrap();
+        let w = g.upload_f32(&wv).unwrap();
+        g.begin(n, 0).unwrap();
+        g.rms_norm(&xa, &w, 1e-5, &oa).unwrap();
+        g.end().unwrap();
+        let got = g.read(&oa).unwrap();
+        for t in 0..n {
+            let row = &x[t * width..(t + 1) * width];
+            let ms: f64 = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / width as f64;
+            let s = 1.0 / (ms + 1e-5).sqrt();
+            for i in 0..width {
+                let want = f64::from(row[i]) * s * f64::from(wv[i]);
+                let gv = f64::from(got[t * width + i]);
+                assert!(
+                    (gv - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "rms_norm n={n} w={width} ({t},{i}): {gv} vs {want}"
+                );
+            }
+        }
+
+        // swiglu and add
+        let up = randn(n * width, 8);
+        let ua = g.act(n, width).unwrap();
+        g.write(&ua, &up).unwrap();
+        g.write(&oa, &x).unwrap();
+        g.begin(n, 0).unwrap();
+        g.swiglu(&oa, &ua).unwrap();
+        g.add(&oa, &ua).unwrap();
+        g.end().unwrap();
+        let got = g.read(&oa).unwrap();
+        for i in 0..n * width {
+            let gt = f64::from(x[i]);
+            let want = gt / (1.0 + (-gt).exp()) * f64::from(up[i]) + f64::from(up[i]);
+            assert!(
+                (f64::from(got[i]) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "swiglu+add {i}"
+            );
+        }
+    }
+    // rope, both layouts, at a non-zero position
+    for (n, n_head, hd, neox) in [
+        (1usize, 3usize, 64usize, false),
+        (7, 2, 128, true),
+        (33, 1, 64, false),
+    ] {
+        let half = hd / 2;
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 500000f32.powf(-2.0 * i as f32 / hd as f32))
+            .collect();
+        let x = randn(n * n_head * hd, 11);
+        let xa = g.act(n, n_head * hd).unwrap();
+        g.write(&xa, &x).unwrap();
+        let iv = g.upload_f32(&inv).unwrap();
+        let mut want = x.clone();
+        let pos0 = 1234;
+        for t in 0..n {
+            for h in 0..n_head {
+                let head = &mut want[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+                for (i, &f) in inv.iter().enumerate() {
+                    let th = (pos0 + t) as f64 * f64::from(f);
+                    let (s, c) = (th.sin() as f32, th.cos() as f32);
+                    let (a, b) = if neox {
+                        (i, i + half)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
+            }
+        }
+        g.begin(n, pos0).unwrap();
+        g.rope(&xa, n_head, hd, &iv, neox).unwrap();
+        g.end().unwrap();
+        let got = g.read(&xa).unwrap();
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "rope n={n} hd={hd} neox={neox} {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+fn f16_round(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| damascus_quant::fp::fp16_to_f32(damascus_quant::fp::f32_to_fp16(x)))
+        .collect()
+}
+
+/// Host causal GQA attention over f16-rounded keys/values for all positions `0..n_pos`.
+/// `q` [n_head, hd] of the token at position `n_pos - 1`.
+fn host_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_pos: usize,
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let group = n_head / n_kv;
+    let mut out = vec![0f32; n_head * hd];
+    for h in 0..n_head {
+        let kvh = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let scores: Vec<f64> = (0..n_pos)
+            .map(|p| {
+                let kr = &k[(p * n_kv + kvh) * hd..(p * n_kv + kvh + 1) * hd];
+                qh.iter()
+                    .zip(kr)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        for d in 0..hd {
+            let acc: f64 = (0..n_pos)
+                .map(|p| e[p] * f64::from(v[(p * n_kv + kvh) * hd + d]))
+                .sum();
+            out[h * hd + d] = (acc / l) as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_decode_and_prefill_match_host() {
+    let Some(g) = gpu() else { return };
+    for (n_head, n_kv, hd) in [(3usize, 1usize, 64usize), (24, 8, 128), (4, 4, 64)] {
+        let n_ctx = 200; // not a multiple of the 64-position split
+        let kv = g.kv(2, n_ctx, n_kv, hd, n_head).unwrap();
+        let layer = 1;
+        // Fill with a prompt of 33 tokens (prefill kernel), then decode single tokens up to
+        // position 150 (several splits), checking each step.
+        let total = 151;
+        let q_all = randn(total * n_head * hd, 21);
+        let k_all = randn(total * n_kv * hd, 22);
+        let v_all = randn(total * n_kv * hd, 23);
+        let (kr, vr) = (f16_round(&k_all), f16_round(&v_all));
+        let run = |pos0: usize, n: usize| -> Vec<f32> {
+            let qa = g.act(n, n_head * hd).unwrap();
+            let ka = g.act(n, n_kv * hd).unwrap();
+            let va = g.act(n, n_kv * hd).unwrap();
+            let oa = g.act(n, n_head * hd).unwrap();
+            g.write(&qa, &q_all[pos0 * n_head * hd..(pos0 + n) * n_head * hd])
+                .unwrap();
+            g.write(&ka, &k_all[pos0 * n_kv * hd..(pos0 + n) * n_kv * hd])
+                .unwrap();
+            g.write(&va, &v_all[pos0 * n_kv * hd..(pos0 + n) * n_kv * hd])
+                .unwrap();
+            g.begin(n, pos0).unwrap();
+            g.attention(&kv, layer, pos0, &qa, &ka, &va, &oa).unwrap();
+            g.end().unwrap();
+            g.read(&oa).unwrap()
+        };
+        let check = |got: &[f32], t_pos: usize, what: &str| {
+            let q = &q_all[t_pos * n_head * hd..(t_pos + 1) * n_head * hd];
+            let want = host_attention(q, &kr, &vr, t_pos + 1, n_head, n_kv, hd);
+            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-4,
+                    "{what} heads {n_head}/{n_kv} hd {hd} pos {t_pos} [{i}]: {a} vs {b}"
+                );
+            }
+        };
+        let got = run(0, 33);
+        for t in 0..33 {
+            check(&got[t * n_head * hd..(t + 1) * n_head * hd], t, "prefill");
+        }
+        let got = run(33, 7); // a second prompt chunk after cached positions
+        for t in 0..7 {
+            check(
+                &got[t * n_head * hd..(t + 1) * n_head * hd],
+                33 + t,
+                "prefill chunk",
+            );
+        }
+        for pos in 40..total {
+            let got = run(pos, 1);
+            if pos < 44 || pos % 17 == 0 || pos == total - 1 {
+                check(&got, pos, "decode");
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_graph_replays_match_eager_launches() {
+    let Some(g) = gpu() else { return };
+    // A small decode step (matmuls → rope → attention → matmul) at successive positions: with
+    // graphs on, the second and later steps replay the graph captured at the first.
+    let cols = 256;
+    let wq = quantized(GgmlType::Q4_K, 128, cols, 3);
+    let wk = quantized(GgmlType::Q6_K, 64, cols, 4);
+    let wo = quantized(GgmlType::Q8_0, 96, 128, 5);
+    let mq = g.upload_matrix(GgmlType::Q4_K, &wq, 128, cols).unwrap();
+    let mk = g.upload_matrix(GgmlType::Q6_K, &wk, 64, cols).unwrap();
+    let mo = g.upload_matrix(GgmlType::Q8_0, &wo, 96, 128).unwrap();
+    let inv = g.upload_f32(&[0.5f32, 0.1, 0.01, 0.001].repeat(8)).unwrap();
+    let run = |graphs: bool| -> Vec<Vec<f32>> {
+        g.set_graphs(graphs);
+        let kv = g.kv(1, 100, 1, 64, 2).unwrap();
+        let (x, q, k, a, o) = (
+            g.act(1, cols).unwrap(),
+            g.act(1, 128).unwrap(),
+            g.act(1, 64).unwrap(),
+            g.act(1, 128).unwrap(),
+            g.act(1, 96).unwrap(),
+        );
+        (0..70)
+            .map(|pos| {
+                g.write(&x, &randn(cols, pos as u64 + 1)).unwrap();
+                g.begin(1, pos).unwrap();
+                g.matmul(&mq, &x, &q).unwrap();
+                g.matmul(&mk, &x, &k).unwrap();
+                g.rope(&q, 2, 64, &inv, false).unwrap();
+                g.rope(&k, 1, 64, &inv, false).unwrap();
+                g.attention(&kv, 0, pos, &q, &k, &k, &a).unwrap();
+                g.matmul(&mo, &a, &o).unwrap();
+                g.end().unwrap();
+                g.read(&o).unwrap()
+            })
+            .collect()
+    };
+    let eager = run(false);
+    let graphed = run(true);
+    g.set_graphs(true);
+    assert_eq!(eager, graphed, "graph replay differs from eager launches");
+}

@@ -1,0 +1,192 @@
+//! The CUDA backend (feature `cuda`): the model resident on one GPU.
+//!
+//! Weights are uploaded once at load in their device layout ([`damascus_cuda::layout`]):
+//! Q4_K, Q4_1, Q8_0, Q5_0 and Q6_K stay quantized (dp4a GEMVs against q8 activations for
+//! decode); every other type is dequantized to f16 on the host. Prompts of
+//! [`damascus_cuda::GEMM_MIN_TOKENS`] tokens or more multiply through cuBLAS in bf16, with a
+//! bf16 copy of each weight made on the device the first time a prompt needs it (memory cost:
+//! 2 bytes per weight of every matrix a prompt touches, i.e. not the LM head, which only ever
+//! sees the last position).
+//!
+//! Activations and the KV cache (f16) never leave the device; ops are recorded and flushed at
+//! the end of the pass, and a decode step (one token) replays a captured CUDA graph (see
+//! `damascus_cuda::gpu`). Logits come back to the host in [`Backend::read`].
+//!
+//! One device recorder serves every sequence: forward passes on one `CudaBackend` must not
+//! interleave (the CLI and the server's single worker run them one at a time).
+
+use std::sync::{Arc, Mutex};
+
+use damascus_cuda::{DevAct, DevKv, DevMatrix, DevVec, Gpu};
+use damascus_kernels::reference::{AttnShape, RopeLayout};
+
+use crate::backend::{Backend, KvCacheType, KvShape, RopeParams};
+use crate::error::ModelError;
+use crate::tensor::FileTensor;
+
+/// The model on one CUDA device.
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    /// The rope inverse frequencies on the device, keyed by their host values.
+    inv_freq: Mutex<Option<(Vec<f32>, Arc<DevVec>)>>,
+}
+
+/// The KV cache: allocated on the first attention call, when the query head count is known.
+pub struct CudaKvCache {
+    shape: KvShape,
+    kv: Option<DevKv>,
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal` (compiles or loads the kernels).
+    pub fn new(ordinal: usize) -> Result<Self, ModelError> {
+        Ok(Self {
+            gpu: Gpu::open(ordinal)?,
+            inv_freq: Mutex::new(None),
+        })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn inv_freq(&self, rope: &RopeParams) -> Result<Arc<DevVec>, ModelError> {
+        let mut slot = self.inv_freq.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((host, dev)) = slot.as_ref()
+            && *host == rope.inv_freq
+        {
+            return Ok(Arc::clone(dev));
+        }
+        let dev = Arc::new(self.gpu.upload_f32(&rope.inv_freq)?);
+        *slot = Some((rope.inv_freq.clone(), Arc::clone(&dev)));
+        Ok(dev)
+    }
+}
+
+impl Backend for CudaBackend {
+    type Act = DevAct;
+    type Matrix = DevMatrix;
+    type Vector = DevVec;
+    type KvCache = CudaKvCache;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn prepare_matrix(&self, w: &FileTensor) -> Result<DevMatrix, ModelError> {
+        let view = w.view()?;
+        let wv = view.as_weight()?;
+        self.gpu
+            .upload_matrix(wv.dtype, view.bytes()?, wv.rows, wv.cols)
+            .map_err(|e| ModelError::Tensor {
+                what: format!("{}: {e}", w.name()),
+            })
+    }
+
+    fn prepare_vector(&self, w: &FileTensor) -> Result<DevVec, ModelError> {
+        Ok(self.gpu.upload_f32(&w.view()?.to_f32_vec()?)?)
+    }
+
+    fn alloc(&self, n_tokens: usize, width: usize) -> Result<DevAct, ModelError> {
+        Ok(self.gpu.act(n_tokens, width)?)
+    }
+
+    fn new_kv_cache(&self, shape: KvShape) -> Result<CudaKvCache, ModelError> {
+        if shape.cache_type != KvCacheType::F16 {
+            return Err(ModelError::BackendUnavailable {
+                name: "cuda".into(),
+                why: "the CUDA backend keeps an f16 KV cache (use --cache-type f16)".into(),
+            });
+        }
+        Ok(CudaKvCache { shape, kv: None })
+    }
+
+    fn begin_forward(&self, n_tokens: usize, pos0: usize) -> Result<(), ModelError> {
+        Ok(self.gpu.begin(n_tokens, pos0)?)
+    }
+
+    fn end_forward(&self) -> Result<(), ModelError> {
+        Ok(self.gpu.end()?)
+    }
+
+    fn embed(&self, table: &DevMatrix, ids: &[u32], out: &mut DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.embed(table, ids, out)?)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &DevAct,
+        w: &DevVec,
+        eps: f32,
+        out: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        Ok(self.gpu.rms_norm(x, w, eps, out)?)
+    }
+
+    fn matmul(&self, w: &DevMatrix, x: &DevAct, out: &mut DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.matmul(w, x, out)?)
+    }
+
+    fn rope(
+        &self,
+        x: &mut DevAct,
+        n_head: usize,
+        _pos0: usize,
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        // The position comes from `begin_forward`, through the device inputs buffer.
+        let inv = self.inv_freq(rope)?;
+        let neox = rope.layout == RopeLayout::Neox;
+        Ok(self.gpu.rope(x, n_head, rope.head_dim, &inv, neox)?)
+    }
+
+    fn attention(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        q: &DevAct,
+        k: &DevAct,
+        v: &DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        let s = cache.shape;
+        if s.n_head_kv != shape.n_head_kv || s.head_dim != shape.head_dim {
+            return Err(ModelError::Tensor {
+                what: format!(
+                    "attention: cache of {} KV heads × {} for {} × {}",
+                    s.n_head_kv, s.head_dim, shape.n_head_kv, shape.head_dim
+                ),
+            });
+        }
+        let kv = match &mut cache.kv {
+            Some(kv) => kv,
+            slot @ None => slot.insert(self.gpu.kv(
+                s.n_layer,
+                s.n_ctx,
+                s.n_head_kv,
+                s.head_dim,
+                shape.n_head,
+            )?),
+        };
+        Ok(self.gpu.attention(kv, layer, pos0, q, k, v, out)?)
+    }
+
+    fn swiglu(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.swiglu(gate, up)?)
+    }
+
+    fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.add(x, y)?)
+    }
+
+    fn copy_row(&self, src: &DevAct, row: usize, dst: &mut DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.copy_row(src, row, dst)?)
+    }
+
+    fn read(&self, x: &DevAct) -> Result<Vec<f32>, ModelError> {
+        Ok(self.gpu.read(x)?)
+    }
+}
