@@ -11,7 +11,8 @@
 #                            damascus-model `cuda_backend` one, stripped
 #   home/tokenizers/llama3.2/tokenizer.json   the Llama 3.2 tokenizer (for `damascus synth`)
 #   llama.tgz                trimmed vendor/llama.cpp of llama-cpp-python==0.3.36
-# Environment: RUNS (default 10), SKIP_LLAMA=1 to skip the llama.cpp build.
+# Environment: RUNS (default 10), SKIP_LLAMA=1 to skip the llama.cpp build, TESTS_ONLY=1 to stop
+# after the tests.
 set -uo pipefail
 D=$PWD/.dev
 RUNS=${RUNS:-10}
@@ -34,6 +35,7 @@ cd /tmp
 ( "$D/cuda/test-kernels" --test-threads 1 2>&1; echo "rc=$?" ) > "$OUT/test-kernels.txt"
 ( "$D/cuda/test-cuda-backend" --test-threads 1 --nocapture 2>&1; echo "rc=$?" ) > "$OUT/test-backend.txt"
 grep -h "test result" "$OUT/test-kernels.txt" "$OUT/test-backend.txt"
+[ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 "$D/cuda/damascus" synth --shape llama-3.2-3b --type Q4_K_M /tmp/l3b.gguf 2>&1 | tail -1
 "$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen.txt" 2>&1
 wait

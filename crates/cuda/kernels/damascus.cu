@@ -498,6 +498,23 @@ INSTANTIATE(f16, FMT_F16)
 #define ATT_CHUNK 64
 #define MAX_GROUP 8
 
+// s[g] += q_g · k for every query head g of a group: k one f16 key row, q [G][D] in shared
+// memory (already scaled).
+template <int D, int G>
+__device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], float* s) {
+    for (int i = 0; i < D; i += 8) {
+        uint4 kv = *(const uint4*)(kr + i);
+        u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
+        float kf[8];
+        for (int j = 0; j < 4; j++) {
+            kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
+            kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+        }
+        _Pragma("unroll") for (int g = 0; g < G; g++)
+            for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
+    }
+}
+
 // Decode (one query token at position inputs[0]), split-K: block (kv head, split) handles
 // positions [split * ATT_CHUNK, +ATT_CHUNK) for every query head of its group and writes an
 // unnormalized partial (m, l, o[D]) per query head; `attn_combine` merges the splits. Splits
@@ -532,18 +549,7 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
         float s[G];
         _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
         if (p < p1) {
-            const u16* kr = kb + (u64)p * D;
-            for (int i = 0; i < D; i += 8) {
-                uint4 kv = *(const uint4*)(kr + i);
-                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
-                float kf[8];
-                for (int j = 0; j < 4; j++) {
-                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
-                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
-                }
-                _Pragma("unroll") for (int g = 0; g < group; g++)
-                    for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
-            }
+            key_scores<D, G>(kb + (u64)p * D, qs, s);
         }
         _Pragma("unroll") for (int g = 0; g < group; g++) sc[g][p - p0] = p < p1 ? s[g] : -INFINITY;
     }
@@ -634,18 +640,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         float s[G];
         _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
         if (p < n_pos) {
-            const u16* kr = kb + (u64)p * D;
-            for (int i = 0; i < D; i += 8) {
-                uint4 kv = *(const uint4*)(kr + i);
-                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
-                float kf[8];
-                for (int j = 0; j < 4; j++) {
-                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
-                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
-                }
-                _Pragma("unroll") for (int g = 0; g < group; g++)
-                    for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
-            }
+            key_scores<D, G>(kb + (u64)p * D, qs, s);
         }
         int n_here = min(32, n_pos - p0);
         _Pragma("unroll") for (int g = 0; g < group; g++) {

@@ -64,6 +64,19 @@ const KERNELS: &[&str] = &[
     "attn_prefill_128",
 ];
 
+/// `gemv_<format>` and `dequant_<format>`, indexed by `Format as usize` (the kernel's `FMT_*`).
+const GEMV: [&str; 6] = [
+    "gemv_q4k", "gemv_q41", "gemv_q80", "gemv_q50", "gemv_q6k", "gemv_f16",
+];
+const DEQUANT: [&str; 6] = [
+    "dequant_q4k",
+    "dequant_q41",
+    "dequant_q80",
+    "dequant_q50",
+    "dequant_q6k",
+    "dequant_f16",
+];
+
 fn call<E: std::fmt::Display>(op: &str) -> impl FnOnce(E) -> CudaError + '_ {
     move |e| CudaError::call(op, e)
 }
@@ -156,13 +169,31 @@ pub struct DevKv {
     part_ml: DevBuf, // [n_head][n_split] float2
 }
 
+/// Most arguments any kernel in `KERNELS` takes.
+const MAX_ARGS: usize = 12;
+
+/// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Args {
+    n: usize,
+    v: [u64; MAX_ARGS],
+}
+
+impl Args {
+    fn new(args: &[u64]) -> Self {
+        let mut v = [0; MAX_ARGS];
+        v[..args.len()].copy_from_slice(args);
+        Args { n: args.len(), v }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Op {
     Launch {
         f: usize,
         grid: [u32; 3],
         block: [u32; 3],
-        args: Vec<u64>,
+        args: Args,
     },
     /// `C[n, m] = B[n, k] · A[m, k]ᵀ` (row-major), A and B bf16, C f32.
     Gemm {
@@ -512,14 +543,35 @@ impl Gpu {
         self.rec.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, name: &str, grid: [u32; 3], block: [u32; 3], args: Vec<u64>) {
+    fn push(&self, name: &str, grid: [u32; 3], block: [u32; 3], args: &[u64]) {
         let f = self.index[name];
+        let args = Args::new(args);
         self.rec().ops.push(Op::Launch {
             f,
             grid,
             block,
             args,
         });
+    }
+
+    /// Records the `dequant_<format>` kernel: `n_out` rows of `w` (rows `ids[r]` when `ids` is
+    /// non-zero, else `0..n_out`) into `out_f32` and/or `out_bf16` (0 = not written).
+    fn push_dequant(&self, w: &DevMatrix, n_out: usize, ids: u64, out_f32: u64, out_bf16: u64) {
+        self.push(
+            DEQUANT[w.format as usize],
+            [n_out as u32, 1, 1],
+            [128, 1, 1],
+            &[
+                w.buf.ptr,
+                w.off1,
+                w.off2,
+                w.rows as u64,
+                w.cols as u64,
+                ids,
+                out_f32,
+                out_bf16,
+            ],
+        );
     }
 
     /// Starts a forward pass of `n_tokens` tokens at position `pos0`.
@@ -615,11 +667,11 @@ impl Gpu {
                 block,
                 args,
             } => {
-                let mut slots = args.clone();
-                let mut params: Vec<*mut c_void> = slots
-                    .iter_mut()
-                    .map(|a| a as *mut u64 as *mut c_void)
-                    .collect();
+                let mut slots = args.v;
+                let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+                for (p, a) in params.iter_mut().zip(slots.iter_mut()) {
+                    *p = a as *mut u64 as *mut c_void;
+                }
                 // SAFETY: every kernel in KERNELS takes only pointers, 64-bit offsets, ints
                 // and floats; each argument sits in its own 8-byte slot whose low bytes hold
                 // the value (little-endian), so the driver reads the declared size from each.
@@ -632,7 +684,7 @@ impl Gpu {
                         (block[0], block[1], block[2]),
                         0,
                         s,
-                        &mut params,
+                        &mut params[..args.n],
                     )
                 }
                 .map_err(call(KERNELS[*f]))
@@ -739,21 +791,7 @@ impl Gpu {
             r.inputs_dirty = true;
             r.inputs.ptr + 4
         };
-        self.push(
-            &format!("dequant_{}", table.format.suffix()),
-            [ids.len() as u32, 1, 1],
-            [128, 1, 1],
-            vec![
-                table.buf.ptr,
-                table.off1,
-                table.off2,
-                table.rows as u64,
-                table.cols as u64,
-                ids_ptr,
-                out.x.ptr,
-                0,
-            ],
-        );
+        self.push_dequant(table, ids.len(), ids_ptr, out.x.ptr, 0);
         out.q_fresh.store(false, Ordering::Relaxed);
         Ok(())
     }
@@ -778,7 +816,7 @@ impl Gpu {
             "rms_norm",
             [x.n as u32, 1, 1],
             [256, 1, 1],
-            vec![
+            &[
                 x.x.ptr,
                 w.buf.ptr,
                 u64::from(eps.to_bits()),
@@ -805,7 +843,7 @@ impl Gpu {
             "quantize_q8",
             [div_ceil_u32(n_blocks, 8), 1, 1],
             [256, 1, 1],
-            vec![x.x.ptr, q.ptr, ds.ptr, n_blocks as u64],
+            &[x.x.ptr, q.ptr, ds.ptr, n_blocks as u64],
         );
         x.q_fresh.store(true, Ordering::Relaxed);
         Ok(())
@@ -828,10 +866,10 @@ impl Gpu {
         }
         let (q, ds) = x.q.as_ref().map_or((0, 0), |(q, d)| (q.ptr, d.ptr));
         self.push(
-            &format!("gemv_{}", w.format.suffix()),
+            GEMV[w.format as usize],
             [div_ceil_u32(w.rows, 4), x.n as u32, 1],
             [128, 1, 1],
-            vec![
+            &[
                 w.buf.ptr,
                 w.off1,
                 w.off2,
@@ -851,21 +889,7 @@ impl Gpu {
             let mut slot = w.bf16.lock().unwrap_or_else(|p| p.into_inner());
             if slot.is_none() {
                 let buf = self.alloc(w.rows * w.cols * 2)?;
-                self.push(
-                    &format!("dequant_{}", w.format.suffix()),
-                    [w.rows as u32, 1, 1],
-                    [128, 1, 1],
-                    vec![
-                        w.buf.ptr,
-                        w.off1,
-                        w.off2,
-                        w.rows as u64,
-                        w.cols as u64,
-                        0,
-                        0,
-                        buf.ptr,
-                    ],
-                );
+                self.push_dequant(w, w.rows, 0, 0, buf.ptr);
                 *slot = Some(buf);
             }
             slot.as_ref().map_or(0, |b| b.ptr)
@@ -875,7 +899,7 @@ impl Gpu {
             "to_bf16",
             [div_ceil_u32(n, 256), 1, 1],
             [256, 1, 1],
-            vec![x.x.ptr, xbf.ptr, n as u64],
+            &[x.x.ptr, xbf.ptr, n as u64],
         );
         self.rec().ops.push(Op::Gemm {
             m: i32_dim("rows", w.rows)?,
@@ -910,7 +934,7 @@ impl Gpu {
             "rope",
             [div_ceil_u32(n, 256), 1, 1],
             [256, 1, 1],
-            vec![
+            &[
                 x.x.ptr,
                 inputs,
                 inv_freq.buf.ptr,
@@ -972,7 +996,7 @@ impl Gpu {
             "kv_store",
             [div_ceil_u32(total, 256), 1, 1],
             [256, 1, 1],
-            vec![
+            &[
                 k.x.ptr,
                 v.x.ptr,
                 kc,
@@ -988,10 +1012,14 @@ impl Gpu {
         let scale = u64::from((1.0 / (hd as f32).sqrt()).to_bits());
         if n == 1 {
             self.push(
-                &format!("attn_split_{hd}"),
+                if hd == 64 {
+                    "attn_split_64"
+                } else {
+                    "attn_split_128"
+                },
                 [n_kv as u32, kv.n_split as u32, 1],
                 [32, 1, 1],
-                vec![
+                &[
                     q.x.ptr,
                     kc,
                     vc,
@@ -1007,10 +1035,14 @@ impl Gpu {
             );
             let (oq, ods) = out.q.as_ref().map_or((0, 0), |(q, d)| (q.ptr, d.ptr));
             self.push(
-                &format!("attn_combine_{hd}"),
+                if hd == 64 {
+                    "attn_combine_64"
+                } else {
+                    "attn_combine_128"
+                },
                 [n_head as u32, 1, 1],
                 [hd as u32, 1, 1],
-                vec![
+                &[
                     kv.part_o.ptr,
                     kv.part_ml.ptr,
                     out.x.ptr,
@@ -1023,10 +1055,14 @@ impl Gpu {
             out.q_fresh.store(out.q.is_some(), Ordering::Relaxed);
         } else {
             self.push(
-                &format!("attn_prefill_{hd}"),
+                if hd == 64 {
+                    "attn_prefill_64"
+                } else {
+                    "attn_prefill_128"
+                },
                 [n_kv as u32, div_ceil_u32(n, 4), 1],
                 [128, 1, 1],
-                vec![
+                &[
                     q.x.ptr,
                     kc,
                     vc,
@@ -1058,7 +1094,7 @@ impl Gpu {
             "swiglu",
             [div_ceil_u32(n / 32, 8), 1, 1],
             [256, 1, 1],
-            vec![
+            &[
                 gate.x.ptr,
                 up.x.ptr,
                 q,
@@ -1079,7 +1115,7 @@ impl Gpu {
             "add",
             [div_ceil_u32(n, 256), 1, 1],
             [256, 1, 1],
-            vec![x.x.ptr, y.x.ptr, n as u64],
+            &[x.x.ptr, y.x.ptr, n as u64],
         );
         x.q_fresh.store(false, Ordering::Relaxed);
         Ok(())
@@ -1107,21 +1143,7 @@ impl Gpu {
     /// [`layout::dequant_row`]).
     pub fn dequantize(&self, w: &DevMatrix) -> Result<Vec<f32>, CudaError> {
         let out = self.act(w.rows, w.cols)?;
-        self.push(
-            &format!("dequant_{}", w.format.suffix()),
-            [w.rows as u32, 1, 1],
-            [128, 1, 1],
-            vec![
-                w.buf.ptr,
-                w.off1,
-                w.off2,
-                w.rows as u64,
-                w.cols as u64,
-                0,
-                out.x.ptr,
-                0,
-            ],
-        );
+        self.push_dequant(w, w.rows, 0, out.x.ptr, 0);
         self.read(&out)
     }
 

@@ -30,18 +30,6 @@ pub enum Format {
 }
 
 impl Format {
-    /// The kernel-name suffix (`gemv_q4k`, `dequant_q6k`).
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Format::Q4K => "q4k",
-            Format::Q41 => "q41",
-            Format::Q80 => "q80",
-            Format::Q50 => "q50",
-            Format::Q6K => "q6k",
-            Format::F16 => "f16",
-        }
-    }
-
     /// The device format a GGUF type is uploaded in, if it can be.
     pub fn for_type(dtype: GgmlType) -> Option<Format> {
         Some(match dtype {

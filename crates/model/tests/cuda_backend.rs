@@ -18,7 +18,7 @@ use damascus_gguf::GgufFile;
 use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::reference::ReferenceBackend;
 use damascus_model::verify::{Fixture, compare_models, verify};
-use damascus_model::{BackendKind, LoadOptions, Model, ModelError};
+use damascus_model::{LoadOptions, Model, ModelError};
 use damascus_quant::recipe::Mix;
 
 const MIN_LOGITS_COSINE: f64 = 0.999;
@@ -51,7 +51,6 @@ fn no_device_is_an_error_not_a_panic() {
         "{e}"
     );
     assert!(e.to_string().starts_with("no CUDA device"), "{e}");
-    let _ = BackendKind::Cuda { device: 0 };
 }
 
 fn scratch(name: &str) -> PathBuf {
