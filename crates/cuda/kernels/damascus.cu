@@ -94,14 +94,14 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
     q8_block(x[b * 32 + lane], q + b * 32, ds + b);
 }
 
-// out = x * rsqrt(mean(x^2) + eps) * w, one block per token; also the q8 shadow of out when
-// do_q (width % 32 == 0).
+// out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
+// 0). Grid (ceil(width / blockDim.x), n_tok): every block sums the squares of its token's whole
+// row (L2-resident, strided by blockDim.x), then each warp scales one 32-element chunk.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
                                     i8* q, float2* ds, int width, int do_q) {
     __shared__ float red[32];
-    int t = blockIdx.x;
+    int t = blockIdx.y;
     const float* xr = x + (u64)t * width;
-    float* orow = out + (u64)t * width;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
     ss = warp_sum(ss);
@@ -115,14 +115,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
     }
     __syncthreads();
     float scale = 1.0f / sqrtf(red[0] / (float)width + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
-    if (do_q) {
-        int nb = width >> 5;
-        for (int b = warp; b < nb; b += nw) {
-            float v = xr[b * 32 + lane] * scale * w[b * 32 + lane];
-            q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * nb + b);
-        }
-    }
+    int b = blockIdx.x * nw + warp;
+    if (b * 32 >= width) return;
+    int i = b * 32 + lane;
+    float v = i < width ? xr[i] * scale * w[i] : 0.0f;
+    if (i < width) out[(u64)t * width + i] = v;
+    if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
 }
 
 // gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp
@@ -173,21 +171,54 @@ extern "C" __global__ void rope(float* x, const u32* inputs, const float* inv_fr
     head[b] = x0 * sn + x1 * cs;
 }
 
-// Writes k, v [n_tok, n_kv, head_dim] f32 into one layer's f16 cache
-// [n_kv][n_ctx][head_dim] at positions inputs[0] + t.
-extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc,
-                                    const u32* inputs, int n_tok, int n_kv, int head_dim,
-                                    int n_ctx) {
+// RoPE fused with the KV-cache write: rotates q [n_tok, n_head, head_dim] in place, and writes
+// k (rotated) and v [n_tok, n_kv, head_dim] into one layer's f16 cache [n_kv][n_ctx][head_dim]
+// at positions inputs[0] + t. One thread per element pair of a head: pair i < half is a
+// rotated pair ((i, i + half) with neox, else (2i, 2i + 1)); the rest pass through unrotated
+// (dims 2 * half.. of a partial rotary; half = 0 stores k and v as they are). Threads cover
+// the q heads, then the kv heads.
+extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16* kc, u16* vc,
+                                   const u32* inputs, const float* inv_freq, int n_tok,
+                                   int n_head, int n_kv, int head_dim, int half, int neox,
+                                   int n_ctx) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    int per_tok = n_kv * head_dim;
+    int pairs = head_dim >> 1;
+    int per_tok = (n_head + n_kv) * pairs;
     if (idx >= n_tok * per_tok) return;
     int t = idx / per_tok;
     int r = idx - t * per_tok;
-    int h = r / head_dim;
-    int d = r - h * head_dim;
-    u64 dst = ((u64)h * n_ctx + inputs[0] + t) * head_dim + d;
-    kc[dst] = f2h(k[idx]);
-    vc[dst] = f2h(v[idx]);
+    int h = r / pairs;
+    int i = r - h * pairs;
+    int a, b;
+    float sn = 0.0f, cs = 1.0f;
+    if (i < half) {
+        double theta = (double)(inputs[0] + t) * (double)inv_freq[i];
+        double ds, dc;
+        sincos(theta, &ds, &dc);
+        sn = (float)ds;
+        cs = (float)dc;
+        a = neox ? i : 2 * i;
+        b = neox ? i + half : 2 * i + 1;
+    } else {
+        a = 2 * i;
+        b = 2 * i + 1;
+    }
+    if (h < n_head) {
+        if (i >= half) return;
+        float* head = q + ((u64)t * n_head + h) * head_dim;
+        float x0 = head[a], x1 = head[b];
+        head[a] = x0 * cs - x1 * sn;
+        head[b] = x0 * sn + x1 * cs;
+        return;
+    }
+    h -= n_head;
+    u64 src = ((u64)t * n_kv + h) * head_dim;
+    float x0 = k[src + a], x1 = k[src + b];
+    u64 dst = ((u64)h * n_ctx + inputs[0] + t) * head_dim;
+    kc[dst + a] = f2h(x0 * cs - x1 * sn);
+    kc[dst + b] = f2h(x0 * sn + x1 * cs);
+    vc[dst + a] = f2h(v[src + a]);
+    vc[dst + b] = f2h(v[src + b]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -287,6 +318,9 @@ __device__ void dequant_rows(const u8* w, u64 off1, u64 off2, int rows, int cols
 // blockIdx.y = token. Each lane takes "units" (a fixed slice of the row's blocks) in turn;
 // quantized formats use dp4a against the q8 shadow, f16 uses the f32 activations.
 
+// A unit is 16 bytes of quants: 16 weights of sub-block 2j and 16 of 2j + 1 (half h of each).
+// The min term needs the sum of x over a whole 32-block, which the q8 shadow carries (ds.y =
+// d * sum q): the h = 0 lane of a pair adds it for both halves.
 __device__ __forceinline__ float unit_q4k(const u8* w, u64 row, int u, int cols, const i8* xq,
                                           const float2* xds) {
     u64 nb = cols >> 8;
@@ -302,17 +336,16 @@ __device__ __forceinline__ float unit_q4k(const u8* w, u64 row, int u, int cols,
     u32 qw[4] = {q.x, q.y, q.z, q.w};
     int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
     int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
-    int dl = 0, dh = 0, sl = 0, sh = 0;
+    int dl = 0, dh = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         dl = dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], dl);
         dh = dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], dh);
-        sl = dp4a(0x01010101, xlw[k], sl);
-        sh = dp4a(0x01010101, xhw[k], sh);
     }
-    float dxl = xds[sb * 8 + 2 * j].x, dxh = xds[sb * 8 + 2 * j + 1].x;
-    return d * ((float)sc1 * dxl * (float)dl + (float)sc2 * dxh * (float)dh) -
-           dmin * ((float)m1 * dxl * (float)sl + (float)m2 * dxh * (float)sh);
+    float2 dsl = xds[sb * 8 + 2 * j], dsh = xds[sb * 8 + 2 * j + 1];
+    float mins = dmin * ((float)m1 * dsl.y + (float)m2 * dsh.y);
+    return d * ((float)sc1 * dsl.x * (float)dl + (float)sc2 * dsh.x * (float)dh) -
+           (h ? 0.0f : mins);
 }
 
 __device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 row, int u,
@@ -330,6 +363,15 @@ __device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 r
     u32 bw[4] = {b4.x, b4.y, b4.z, b4.w};
     u32 hw[4] = {h4.x, h4.y, h4.z, h4.w};
     const u8* xb = (const u8*)xq + sb * 256 + 128 * n + 16 * ih;
+    u32 xw[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 v = ld128(xb + 32 * k);
+        xw[k][0] = v.x, xw[k][1] = v.y, xw[k][2] = v.z, xw[k][3] = v.w;
+    }
+    // Scales 8n + ih + 2k (k = 0..3): bytes ih, ih + 2 of each of two words.
+    const u8* sp = (const u8*)scs + 8 * n;
+    u32 s_lo = ld32(sp), s_hi = ld32(sp + 4);
     int dot[4] = {0, 0, 0, 0}, sum[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -340,7 +382,7 @@ __device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 r
         qk[3] = ((bw[i] >> 4) & 0x0F0F0F0Fu) | ((hw[i] >> 2) & 0x30303030u);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            int xv = (int)ld32(xb + 32 * k + 4 * i);
+            int xv = (int)xw[k][i];
             dot[k] = dp4a((int)qk[k], xv, dot[k]);
             sum[k] = dp4a(0x01010101, xv, sum[k]);
         }
@@ -349,7 +391,9 @@ __device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 r
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float dx = xds[sb * 8 + 4 * n + k].x;
-        acc += (float)scs[8 * n + 2 * k + ih] * dx * (float)(dot[k] - 32 * sum[k]);
+        u32 word = k < 2 ? s_lo : s_hi;
+        int sc = (int)(i8)((word >> (8 * (ih + 2 * (k & 1)))) & 0xFF);
+        acc += (float)sc * dx * (float)(dot[k] - 32 * sum[k]);
     }
     return d * acc;
 }
@@ -444,40 +488,72 @@ __device__ __forceinline__ int units_per_row(int cols) {
 }
 
 template <int FMT>
+__device__ __forceinline__ float unit(const u8* w, u64 off1, u64 off2, u64 row, int u, int cols,
+                                      const i8* xq, const float2* xds, const float* xf) {
+    if (FMT == FMT_Q4K) return unit_q4k(w, row, u, cols, xq, xds);
+    if (FMT == FMT_Q6K) return unit_q6k(w, off1, off2, row, u, cols, xq, xds);
+    if (FMT == FMT_Q80) return unit_q80(w, off1, row, u, cols, xq, xds);
+    if (FMT == FMT_Q41) return unit_q41(w, row, u, cols, xq, xds);
+    if (FMT == FMT_Q50) return unit_q50(w, off1, off2, row, u, cols, xq, xds);
+    return unit_f16(w, row, u, cols, xf);
+}
+
+// One row dotted with one token's x; one warp, lanes take the units in turn.
+template <int FMT>
 __device__ __forceinline__ float row_dot(const u8* w, u64 off1, u64 off2, u64 row, int cols,
                                          const i8* xq, const float2* xds, const float* xf) {
     int lane = threadIdx.x & 31;
     int units = units_per_row<FMT>(cols);
     float acc = 0.0f;
 #pragma unroll 4
-    for (int u = lane; u < units; u += 32) {
-        if (FMT == FMT_Q4K) acc += unit_q4k(w, row, u, cols, xq, xds);
-        else if (FMT == FMT_Q6K) acc += unit_q6k(w, off1, off2, row, u, cols, xq, xds);
-        else if (FMT == FMT_Q80) acc += unit_q80(w, off1, row, u, cols, xq, xds);
-        else if (FMT == FMT_Q41) acc += unit_q41(w, row, u, cols, xq, xds);
-        else if (FMT == FMT_Q50) acc += unit_q50(w, off1, off2, row, u, cols, xq, xds);
-        else acc += unit_f16(w, row, u, cols, xf);
-    }
+    for (int u = lane; u < units; u += 32)
+        acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf);
     return warp_sum(acc);
 }
 
+// Up to three matrices of one format against the same x in one launch (Q/K/V, gate/up): blocks
+// [0, nb0) take matrix 0, the next nb1 matrix 1, then matrix 2 (nb_i = ceil(rows_i / warps)),
+// a warp per row. acc = 1 adds into out (the residual add of an output projection).
 template <int FMT>
-__device__ void gemv(const u8* w, u64 off1, u64 off2, int rows, int cols, const i8* xq,
-                     const float2* xds, const float* xf, float* out) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+__device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const u8* w1,
+                     u64 a1, u64 b1, int rows1, float* out1, const u8* w2, u64 a2, u64 b2,
+                     int rows2, float* out2, int cols, const i8* xq, const float2* xds,
+                     const float* xf, int acc) {
+    int rpb = blockDim.x >> 5;
+    int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
+    int blk = blockIdx.x;
+    const u8* w = w0;
+    u64 off1 = a0, off2 = b0;
+    int rows = rows0;
+    float* out = out0;
+    if (blk >= nb0 + nb1) {
+        blk -= nb0 + nb1;
+        w = w2, off1 = a2, off2 = b2, rows = rows2, out = out2;
+    } else if (blk >= nb0) {
+        blk -= nb0;
+        w = w1, off1 = a1, off2 = b1, rows = rows1, out = out1;
+    }
+    int row = blk * rpb + (threadIdx.x >> 5);
     if (row >= rows) return;
     u64 t = blockIdx.y;
-    float acc = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
-                             xf + t * cols);
-    if ((threadIdx.x & 31) == 0) out[t * rows + row] = acc;
+    float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
+                           xf + t * cols);
+    if ((threadIdx.x & 31) == 0) {
+        float* o = out + t * rows + row;
+        *o = acc ? *o + v : v;
+    }
 }
 
+#define GEMV_PARAMS                                                                            \
+    const u8 *w0, u64 a0, u64 b0, int rows0, float *out0, const u8 *w1, u64 a1, u64 b1,        \
+        int rows1, float *out1, const u8 *w2, u64 a2, u64 b2, int rows2, float *out2,          \
+        int cols, const i8 *xq, const float2 *xds, const float *xf, int acc
+#define GEMV_ARGS                                                                              \
+    w0, a0, b0, rows0, out0, w1, a1, b1, rows1, out1, w2, a2, b2, rows2, out2, cols, xq, xds,  \
+        xf, acc
+
 #define INSTANTIATE(NAME, FMT)                                                                 \
-    extern "C" __global__ void gemv_##NAME(const u8* w, u64 off1, u64 off2, int rows,          \
-                                           int cols, const i8* xq, const float2* xds,          \
-                                           const float* xf, float* out) {                      \
-        gemv<FMT>(w, off1, off2, rows, cols, xq, xds, xf, out);                                \
-    }                                                                                          \
+    extern "C" __global__ void gemv_##NAME(GEMV_PARAMS) { gemv<FMT>(GEMV_ARGS); }              \
     extern "C" __global__ void dequant_##NAME(const u8* w, u64 off1, u64 off2, int rows,       \
                                               int cols, const u32* ids, float* out_f32,        \
                                               u16* out_bf16) {                                 \
@@ -495,7 +571,9 @@ INSTANTIATE(f16, FMT_F16)
 // Attention over the f16 head-major cache. Scores are scaled by `scale` (1/sqrt(head_dim)).
 // A query head h reads KV head h / group.
 
-#define ATT_CHUNK 64
+#define ATT_CHUNK 32  // attn_split's softmax holds one position per lane
+#define ATT_THREADS 256
+static_assert(ATT_CHUNK == 32, "attn_split assumes a warp-wide chunk");
 #define MAX_GROUP 8
 
 // s[g] += q_g · k for every query head g of a group: k one f16 key row, q [G][D] in shared
@@ -515,89 +593,101 @@ __device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], 
     }
 }
 
-// Decode (one query token at position inputs[0]), split-K: block (kv head, split) handles
-// positions [split * ATT_CHUNK, +ATT_CHUNK) for every query head of its group and writes an
-// unnormalized partial (m, l, o[D]) per query head; `attn_combine` merges the splits. Splits
-// past the current length write l = 0. One warp per block; lane owns dims lane + 32 i.
+// Decode (one query token at position inputs[0]), split-K: block (kv head, split) of
+// ATT_THREADS threads handles positions [split * ATT_CHUNK, +ATT_CHUNK) for every query head
+// of its group and writes an unnormalized partial (m, l, o[D]) per query head; `attn_combine`
+// merges the active splits (those below the current length; the rest return at once).
+// Scores: ATT_THREADS / ATT_CHUNK threads per position, each a slice of the dims. Values:
+// thread per dim, position groups of ATT_THREADS / D threads reduced through shared memory.
 // part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
 template <int D, int G>
 __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
                            float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
                            float scale) {
-    const int group = G;
-    const int PER = D / 32;
-    int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x;
+    const int TPP = ATT_THREADS / ATT_CHUNK;  // threads per position (scores)
+    const int DPT = D / TPP;                  // dims per thread (scores)
+    const int NPG = ATT_THREADS / D;          // position groups (values)
+    int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
     int n_pos = inputs[0] + 1;
     int p0 = split * ATT_CHUNK;
-    int p1 = min(p0 + ATT_CHUNK, n_pos);
+    if (p0 >= n_pos) return;
+    int n_here = min(ATT_CHUNK, n_pos - p0);
     __shared__ float qs[G][D];
     __shared__ float sc[G][ATT_CHUNK];
-    if (p0 >= n_pos) {
-        _Pragma("unroll") for (int g = 0; g < group; g++) {
-            int h = kvh * group + g;
-            if (lane == 0) part_ml[h * n_split + split] = make_float2(-INFINITY, 0.0f);
-        }
-        return;
-    }
-    _Pragma("unroll") for (int g = 0; g < group; g++)
-        for (int i = lane; i < D; i += 32) qs[g][i] = q[(kvh * group + g) * D + i] * scale;
-    __syncwarp();
+    __shared__ float po[NPG][G][D];
+    for (int i = tid; i < G * D; i += ATT_THREADS) qs[i / D][i % D] = q[kvh * G * D + i] * scale;
+    __syncthreads();
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
-    // Scores: lane per position.
-    for (int p = p0 + lane; p < p0 + ATT_CHUNK; p += 32) {
+    {
+        int pl = tid / TPP, part = tid % TPP;
         float s[G];
-        _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
-        if (p < p1) {
-            key_scores<D, G>(kb + (u64)p * D, qs, s);
+        _Pragma("unroll") for (int g = 0; g < G; g++) s[g] = 0.0f;
+        if (pl < n_here) {
+            const u16* kr = kb + (u64)(p0 + pl) * D + part * DPT;
+            _Pragma("unroll") for (int i = 0; i < DPT; i += 8) {
+                uint4 kv = *(const uint4*)(kr + i);
+                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
+                float kf[8];
+                _Pragma("unroll") for (int j = 0; j < 4; j++) {
+                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
+                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+                }
+                _Pragma("unroll") for (int g = 0; g < G; g++)
+                    _Pragma("unroll") for (int j = 0; j < 8; j++)
+                        s[g] += qs[g][part * DPT + i + j] * kf[j];
+            }
         }
-        _Pragma("unroll") for (int g = 0; g < group; g++) sc[g][p - p0] = p < p1 ? s[g] : -INFINITY;
+        _Pragma("unroll") for (int o = TPP / 2; o > 0; o >>= 1)
+            _Pragma("unroll") for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(FULL, s[g], o);
+        if (part == 0)
+            _Pragma("unroll") for (int g = 0; g < G; g++) sc[g][pl] = pl < n_here ? s[g] : -INFINITY;
     }
-    __syncwarp();
-    _Pragma("unroll") for (int g = 0; g < group; g++) {
-        float m = -INFINITY;
-        for (int p = lane; p < ATT_CHUNK; p += 32) m = fmaxf(m, sc[g][p]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int p = lane; p < ATT_CHUNK; p += 32) {
-            float e = p0 + p < p1 ? expf(sc[g][p] - m) : 0.0f;
-            sc[g][p] = e;
-            l += e;
+    __syncthreads();
+    int warp = tid >> 5, lane = tid & 31;
+    for (int g = warp; g < G; g += ATT_THREADS / 32) {
+        float v = sc[g][lane];
+        float m = warp_max(v);
+        float e = lane < n_here ? expf(v - m) : 0.0f;
+        float l = warp_sum(e);
+        sc[g][lane] = e;
+        if (lane == 0) part_ml[(kvh * G + g) * n_split + split] = make_float2(m, l);
+    }
+    __syncthreads();
+    int d = tid % D, pg = tid / D;
+    float o[G];
+    _Pragma("unroll") for (int g = 0; g < G; g++) o[g] = 0.0f;
+    for (int p = pg; p < n_here; p += NPG) {
+        float v = h2f(vb[(u64)(p0 + p) * D + d]);
+        _Pragma("unroll") for (int g = 0; g < G; g++) o[g] += sc[g][p] * v;
+    }
+    _Pragma("unroll") for (int g = 0; g < G; g++) po[pg][g][d] = o[g];
+    __syncthreads();
+    if (pg == 0) {
+        _Pragma("unroll") for (int g = 0; g < G; g++) {
+            float r = 0.0f;
+            _Pragma("unroll") for (int j = 0; j < NPG; j++) r += po[j][g][d];
+            part_o[((u64)(kvh * G + g) * n_split + split) * D + d] = r;
         }
-        l = warp_sum(l);
-        __syncwarp();
-        float o[PER];
-        for (int i = 0; i < PER; i++) o[i] = 0.0f;
-        for (int p = p0; p < p1; p++) {
-            float e = sc[g][p - p0];
-            const u16* vr = vb + (u64)p * D;
-            for (int i = 0; i < PER; i++) o[i] += e * h2f(vr[lane + 32 * i]);
-        }
-        int h = kvh * group + g;
-        float* po = part_o + ((u64)h * n_split + split) * D;
-        for (int i = 0; i < PER; i++) po[lane + 32 * i] = o[i];
-        if (lane == 0) part_ml[h * n_split + split] = make_float2(m, l);
     }
 }
 
-// Merges the splits of `attn_split` into out [n_head * D] (and its q8 shadow when do_q).
-// Block per query head, D threads.
+// Merges the active splits of `attn_split` into out [n_head * D] (and its q8 shadow when
+// do_q). Block per query head, D threads.
 template <int D>
-__device__ void attn_combine(const float* part_o, const float2* part_ml, float* out, i8* q,
-                             float2* ds, int n_split, int do_q) {
+__device__ void attn_combine(const float* part_o, const float2* part_ml, const u32* inputs,
+                             float* out, i8* q, float2* ds, int n_split, int do_q) {
     int h = blockIdx.x, d = threadIdx.x;
+    int n_act = min(n_split, (int)((inputs[0] + ATT_CHUNK) / ATT_CHUNK));
     const float2* ml = part_ml + (u64)h * n_split;
     float M = -INFINITY;
-    for (int s = 0; s < n_split; s++)
-        if (ml[s].y > 0.0f) M = fmaxf(M, ml[s].x);
+    for (int s = 0; s < n_act; s++) M = fmaxf(M, ml[s].x);
     float L = 0.0f, acc = 0.0f;
-    for (int s = 0; s < n_split; s++) {
+    for (int s = 0; s < n_act; s++) {
         float2 v = ml[s];
-        if (v.y > 0.0f) {
-            float f = expf(v.x - M);
-            L += f * v.y;
-            acc += f * part_o[((u64)h * n_split + s) * D + d];
-        }
+        float f = expf(v.x - M);
+        L += f * v.y;
+        acc += f * part_o[((u64)h * n_split + s) * D + d];
     }
     float r = L > 0.0f ? acc / L : 0.0f;
     out[h * D + d] = r;
@@ -685,9 +775,9 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         ATT_GROUPS(SPLIT_##D)                                                                  \
     }                                                                                          \
     extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \
-                                                float* out, i8* q, float2* ds, int n_split,    \
-                                                int do_q) {                                    \
-        attn_combine<D>(part_o, part_ml, out, q, ds, n_split, do_q);                           \
+                                                const u32* inputs, float* out, i8* q,          \
+                                                float2* ds, int n_split, int do_q) {           \
+        attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, do_q);                   \
     }                                                                                          \
     extern "C" __global__ void attn_prefill_##D(const float* q, const u16* kc, const u16* vc,  \
                                                 const u32* inputs, float* out, int n_tok,      \

@@ -30,7 +30,13 @@ pub const SOURCE: &str = include_str!("../kernels/damascus.cu");
 pub const GEMM_MIN_TOKENS: usize = 16;
 
 /// Positions per attention split (the kernel's `ATT_CHUNK`).
-const ATT_CHUNK: usize = 64;
+const ATT_CHUNK: usize = 32;
+/// Threads of an attention split block (the kernel's `ATT_THREADS`).
+const ATT_THREADS: u32 = 256;
+/// Warps per GEMV block.
+const GEMV_WARPS: usize = 4;
+/// Matrices one GEMV launch takes.
+const GEMV_MATS: usize = 3;
 /// Largest GQA group the attention kernels handle (the kernel's `MAX_GROUP`).
 const MAX_GROUP: usize = 8;
 /// Decode graphs kept per device (one per live sequence, in practice).
@@ -43,7 +49,7 @@ const KERNELS: &[&str] = &[
     "add",
     "to_bf16",
     "rope",
-    "kv_store",
+    "rope_kv",
     "gemv_q4k",
     "gemv_q41",
     "gemv_q80",
@@ -170,7 +176,7 @@ pub struct DevKv {
 }
 
 /// Most arguments any kernel in `KERNELS` takes.
-const MAX_ARGS: usize = 12;
+const MAX_ARGS: usize = 20;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,8 +201,9 @@ enum Op {
         block: [u32; 3],
         args: Args,
     },
-    /// `C[n, m] = B[n, k] · A[m, k]ᵀ` (row-major), A and B bf16, C f32.
+    /// `C[n, m] = B[n, k] · A[m, k]ᵀ` (row-major), A and B bf16, C f32; `acc` adds into C.
     Gemm {
+        acc: bool,
         m: i32,
         n: i32,
         k: i32,
@@ -239,12 +246,60 @@ pub struct Gpu {
     blas: CudaBlas,
     rec: Mutex<Recorder>,
     graphs_enabled: AtomicBool,
+    /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
+    profile: Option<Mutex<Profile>>,
     /// Device name.
     pub name: String,
     /// Compute capability.
     pub compute_capability: (i32, i32),
     /// Total device memory in bytes.
     pub total_mem: usize,
+}
+
+/// Per-op GPU time (dev tool): each op of an eager flush is bracketed by events; totals are
+/// keyed by kernel name and grid, so the GEMVs of different matrices show apart.
+#[derive(Default)]
+struct Profile {
+    /// key -> (calls, milliseconds)
+    ops: HashMap<String, (u64, f64)>,
+    passes: u64,
+}
+
+impl Profile {
+    fn report(&self) -> String {
+        let total: f64 = self.ops.values().map(|v| v.1).sum();
+        let mut rows: Vec<_> = self.ops.iter().collect();
+        rows.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+        let passes = self.passes.max(1) as f64;
+        let mut out = format!(
+            "damascus cuda profile: {} flushes, {:.3} ms GPU per flush\n{:>9} {:>8} {:>9} {:>6}  op\n",
+            self.passes,
+            total / passes,
+            "us/flush",
+            "calls",
+            "us/call",
+            "%"
+        );
+        for (k, (n, ms)) in rows {
+            out += &format!(
+                "{:>9.1} {:>8} {:>9.2} {:>5.1}%  {k}\n",
+                ms * 1e3 / passes,
+                n,
+                ms * 1e3 / *n as f64,
+                100.0 * ms / total.max(1e-9)
+            );
+        }
+        out
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let p = p.lock().unwrap_or_else(|p| p.into_inner());
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 fn cache_path(arch: &str) -> Option<PathBuf> {
@@ -382,7 +437,9 @@ impl Gpu {
             index.insert(k, i);
         }
         let inputs = Self::alloc_on(&stream, 4 * 4096)?;
-        let graphs_enabled = std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        let profile = std::env::var("DAMASCUS_CUDA_PROFILE").is_ok_and(|v| v != "0");
+        let graphs_enabled =
+            !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
             _ctx: ctx,
             stream,
@@ -399,6 +456,7 @@ impl Gpu {
                 graphs: HashMap::new(),
             }),
             graphs_enabled: AtomicBool::new(graphs_enabled),
+            profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,
             total_mem,
@@ -626,6 +684,9 @@ impl Gpu {
         if !last {
             r.flushed_mid = true;
         }
+        if let Some(p) = &self.profile {
+            return self.run_profiled(&ops, p);
+        }
         if !graphable {
             return ops.iter().try_for_each(|o| self.run_op(o));
         }
@@ -643,6 +704,34 @@ impl Gpu {
             .0
             .launch()
             .map_err(call("launching the decode graph"))
+    }
+
+    fn run_profiled(&self, ops: &[Op], p: &Mutex<Profile>) -> Result<(), CudaError> {
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = |what| self.stream.record_event(timed).map_err(call(what));
+        let mut marks = vec![ev("recording a profile event")?];
+        for o in ops {
+            self.run_op(o)?;
+            marks.push(ev("recording a profile event")?);
+        }
+        let mut p = p.lock().unwrap_or_else(|p| p.into_inner());
+        p.passes += 1;
+        for (o, w) in ops.iter().zip(marks.windows(2)) {
+            let ms = w[0]
+                .elapsed_ms(&w[1])
+                .map_err(call("reading a profile event"))?;
+            let key = match o {
+                Op::Launch { f, grid, .. } => {
+                    format!("{} [{}x{}]", KERNELS[*f], grid[0], grid[1])
+                }
+                Op::Gemm { m, n, k, .. } => format!("gemm m{m} n{n} k{k}"),
+                Op::Copy { bytes, .. } => format!("copy {bytes} B"),
+            };
+            let e = p.ops.entry(key).or_default();
+            e.0 += 1;
+            e.1 += f64::from(ms);
+        }
+        Ok(())
     }
 
     fn capture(&self, ops: &[Op]) -> Result<CudaGraph, CudaError> {
@@ -689,11 +778,19 @@ impl Gpu {
                 }
                 .map_err(call(KERNELS[*f]))
             }
-            Op::Gemm { m, n, k, a, b, c } => {
+            Op::Gemm {
+                acc,
+                m,
+                n,
+                k,
+                a,
+                b,
+                c,
+            } => {
                 use cudarc::cublas::sys::{
                     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
                 };
-                let (alpha, beta) = (1.0f32, 0.0f32);
+                let (alpha, beta) = (1.0f32, if *acc { 1.0f32 } else { 0.0 });
                 // SAFETY: A is [m, k] bf16, B [n, k] bf16 and C [n, m] f32 device buffers
                 // (checked by `matmul`); column-major, C = Aᵀ·B with lda = ldb = k, ldc = m.
                 unsafe {
@@ -811,10 +908,16 @@ impl Gpu {
                 w.n, x.width
             )));
         }
+        if x.n > 65535 {
+            return Err(CudaError::Shape(format!(
+                "rms_norm: {} tokens in one pass (at most 65535)",
+                x.n
+            )));
+        }
         let (q, ds) = out.q.as_ref().map_or((0, 0), |(q, d)| (q.ptr, d.ptr));
         self.push(
             "rms_norm",
-            [x.n as u32, 1, 1],
+            [div_ceil_u32(x.width, 256), x.n as u32, 1],
             [256, 1, 1],
             &[
                 x.x.ptr,
@@ -851,40 +954,89 @@ impl Gpu {
 
     /// `out = x · Wᵀ`.
     pub fn matmul(&self, w: &DevMatrix, x: &DevAct, out: &DevAct) -> Result<(), CudaError> {
-        if x.width != w.cols || out.width != w.rows || x.n != out.n {
-            return Err(CudaError::Shape(format!(
-                "matmul: [{}, {}] · [{}, {}]ᵀ into [{}, {}]",
-                x.n, x.width, w.rows, w.cols, out.n, out.width
-            )));
+        self.matmuls(x, &[(w, out)], false)
+    }
+
+    /// `out += x · Wᵀ` (an output projection with its residual add).
+    pub fn matmul_add(&self, w: &DevMatrix, x: &DevAct, out: &DevAct) -> Result<(), CudaError> {
+        self.matmuls(x, &[(w, out)], true)
+    }
+
+    /// `out_i = x · W_iᵀ` for every pair (`+=` when `acc`). Decode GEMVs of consecutive
+    /// matrices of one format share a launch (up to three: Q/K/V, gate/up).
+    pub fn matmuls(
+        &self,
+        x: &DevAct,
+        pairs: &[(&DevMatrix, &DevAct)],
+        acc: bool,
+    ) -> Result<(), CudaError> {
+        for (w, out) in pairs {
+            if x.width != w.cols || out.width != w.rows || x.n != out.n {
+                return Err(CudaError::Shape(format!(
+                    "matmul: [{}, {}] · [{}, {}]ᵀ into [{}, {}]",
+                    x.n, x.width, w.rows, w.cols, out.n, out.width
+                )));
+            }
+            out.q_fresh.store(false, Ordering::Relaxed);
         }
-        out.q_fresh.store(false, Ordering::Relaxed);
         if let Some(xbf) = &x.bf {
-            return self.gemm(w, x, xbf, out);
+            let n = x.n * x.width;
+            self.push(
+                "to_bf16",
+                [div_ceil_u32(n, 256), 1, 1],
+                [256, 1, 1],
+                &[x.x.ptr, xbf.ptr, n as u64],
+            );
+            return pairs
+                .iter()
+                .try_for_each(|(w, out)| self.gemm(w, x, xbf, out, acc));
         }
-        if w.format != Format::F16 {
+        if pairs.iter().any(|(w, _)| w.format != Format::F16) {
             self.ensure_q8(x)?;
         }
         let (q, ds) = x.q.as_ref().map_or((0, 0), |(q, d)| (q.ptr, d.ptr));
-        self.push(
-            GEMV[w.format as usize],
-            [div_ceil_u32(w.rows, 4), x.n as u32, 1],
-            [128, 1, 1],
-            &[
-                w.buf.ptr,
-                w.off1,
-                w.off2,
-                w.rows as u64,
-                w.cols as u64,
+        let mut rest = pairs;
+        while let Some(((w0, _), _)) = rest.split_first() {
+            let same = rest
+                .iter()
+                .take(GEMV_MATS)
+                .take_while(|(w, _)| w.format == w0.format)
+                .count();
+            let (group, tail) = rest.split_at(same);
+            rest = tail;
+            // (w, off1, off2, rows, out) per matrix, unused slots zero, then the shared ones.
+            let mut args = [0u64; 5 * GEMV_MATS + 5];
+            let mut blocks = 0;
+            for (slot, (w, out)) in args.chunks_exact_mut(5).zip(group) {
+                slot.copy_from_slice(&[w.buf.ptr, w.off1, w.off2, w.rows as u64, out.x.ptr]);
+                blocks += w.rows.div_ceil(GEMV_WARPS);
+            }
+            args[5 * GEMV_MATS..].copy_from_slice(&[
+                w0.cols as u64,
                 q,
                 ds,
                 x.x.ptr,
-                out.x.ptr,
-            ],
-        );
+                u64::from(acc),
+            ]);
+            self.push(
+                GEMV[w0.format as usize],
+                [blocks as u32, x.n as u32, 1],
+                [32 * GEMV_WARPS as u32, 1, 1],
+                &args,
+            );
+        }
         Ok(())
     }
 
-    fn gemm(&self, w: &DevMatrix, x: &DevAct, xbf: &DevBuf, out: &DevAct) -> Result<(), CudaError> {
+    /// `out (+)= x · Wᵀ` through cuBLAS; `xbf` already holds x in bf16.
+    fn gemm(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        xbf: &DevBuf,
+        out: &DevAct,
+        acc: bool,
+    ) -> Result<(), CudaError> {
         let wbf = {
             let mut slot = w.bf16.lock().unwrap_or_else(|p| p.into_inner());
             if slot.is_none() {
@@ -894,14 +1046,8 @@ impl Gpu {
             }
             slot.as_ref().map_or(0, |b| b.ptr)
         };
-        let n = x.n * x.width;
-        self.push(
-            "to_bf16",
-            [div_ceil_u32(n, 256), 1, 1],
-            [256, 1, 1],
-            &[x.x.ptr, xbf.ptr, n as u64],
-        );
         self.rec().ops.push(Op::Gemm {
+            acc,
             m: i32_dim("rows", w.rows)?,
             n: i32_dim("tokens", x.n)?,
             k: i32_dim("cols", w.cols)?,
@@ -962,6 +1108,24 @@ impl Gpu {
         v: &DevAct,
         out: &DevAct,
     ) -> Result<(), CudaError> {
+        self.rope_attention(kv, layer, pos0, q, k, v, out, None)
+    }
+
+    /// [`Gpu::attention`] with RoPE fused into the cache write: with `rope = Some((inv_freq,
+    /// neox))`, `q` is rotated in place and `k` rotated on its way into the cache (`k` itself
+    /// is left as it was), as [`Gpu::rope`] on both would.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_attention(
+        &self,
+        kv: &DevKv,
+        layer: usize,
+        pos0: usize,
+        q: &DevAct,
+        k: &DevAct,
+        v: &DevAct,
+        out: &DevAct,
+        rope: Option<(&DevVec, bool)>,
+    ) -> Result<(), CudaError> {
         let (hd, n_kv, n_head) = (kv.head_dim, kv.n_kv, kv.n_head);
         let n = q.n;
         if layer >= kv.n_layer
@@ -988,26 +1152,43 @@ impl Gpu {
                 kv.n_ctx
             )));
         }
+        let (half, inv, neox) = match rope {
+            Some((inv, neox)) => (inv.n, inv.buf.ptr, neox),
+            None => (0, 0, false),
+        };
+        if 2 * half > hd {
+            return Err(CudaError::Shape(format!(
+                "attention: {half} rope frequencies for head_dim {hd}"
+            )));
+        }
         let inputs = self.rec().inputs.ptr;
         let layer_off = (layer * n_kv * kv.n_ctx * hd * 2) as u64;
         let (kc, vc) = (kv.k.ptr + layer_off, kv.v.ptr + layer_off);
-        let total = n * n_kv * hd;
+        let total = n * (n_head + n_kv) * hd / 2;
         self.push(
-            "kv_store",
+            "rope_kv",
             [div_ceil_u32(total, 256), 1, 1],
             [256, 1, 1],
             &[
+                q.x.ptr,
                 k.x.ptr,
                 v.x.ptr,
                 kc,
                 vc,
                 inputs,
+                inv,
                 n as u64,
+                n_head as u64,
                 n_kv as u64,
                 hd as u64,
+                half as u64,
+                u64::from(neox),
                 kv.n_ctx as u64,
             ],
         );
+        if half > 0 {
+            q.q_fresh.store(false, Ordering::Relaxed);
+        }
         let group = (n_head / n_kv) as u64;
         let scale = u64::from((1.0 / (hd as f32).sqrt()).to_bits());
         if n == 1 {
@@ -1018,7 +1199,7 @@ impl Gpu {
                     "attn_split_128"
                 },
                 [n_kv as u32, kv.n_split as u32, 1],
-                [32, 1, 1],
+                [ATT_THREADS, 1, 1],
                 &[
                     q.x.ptr,
                     kc,
@@ -1045,6 +1226,7 @@ impl Gpu {
                 &[
                     kv.part_o.ptr,
                     kv.part_ml.ptr,
+                    inputs,
                     out.x.ptr,
                     oq,
                     ods,

@@ -300,7 +300,7 @@ fn host_attention(
 fn attention_decode_and_prefill_match_host() {
     let Some(g) = gpu() else { return };
     for (n_head, n_kv, hd) in [(3usize, 1usize, 64usize), (24, 8, 128), (4, 4, 64)] {
-        let n_ctx = 200; // not a multiple of the 64-position split
+        let n_ctx = 200; // not a multiple of the 32-position split
         let kv = g.kv(2, n_ctx, n_kv, hd, n_head).unwrap();
         let layer = 1;
         // Fill with a prompt of 33 tokens (prefill kernel), then decode single tokens up to
@@ -360,7 +360,8 @@ fn attention_decode_and_prefill_match_host() {
 #[test]
 fn decode_graph_replays_match_eager_launches() {
     let Some(g) = gpu() else { return };
-    // A small decode step (matmuls → rope → attention → matmul) at successive positions: with
+    // A small decode step (fused matmuls → rope+attention → matmul, matmul_add) at successive
+    // positions: with
     // graphs on, the second and later steps replay the graph captured at the first.
     let cols = 256;
     let wq = quantized(GgmlType::Q4_K, 128, cols, 3);
@@ -384,12 +385,11 @@ fn decode_graph_replays_match_eager_launches() {
             .map(|pos| {
                 g.write(&x, &randn(cols, pos as u64 + 1)).unwrap();
                 g.begin(1, pos).unwrap();
-                g.matmul(&mq, &x, &q).unwrap();
-                g.matmul(&mk, &x, &k).unwrap();
-                g.rope(&q, 2, 64, &inv, false).unwrap();
-                g.rope(&k, 1, 64, &inv, false).unwrap();
-                g.attention(&kv, 0, pos, &q, &k, &k, &a).unwrap();
+                g.matmuls(&x, &[(&mq, &q), (&mk, &k)], false).unwrap();
+                g.rope_attention(&kv, 0, pos, &q, &k, &k, &a, Some((&inv, false)))
+                    .unwrap();
                 g.matmul(&mo, &a, &o).unwrap();
+                g.matmul_add(&mo, &a, &o).unwrap();
                 g.end().unwrap();
                 g.read(&o).unwrap()
             })
@@ -399,4 +399,120 @@ fn decode_graph_replays_match_eager_launches() {
     let graphed = run(true);
     g.set_graphs(true);
     assert_eq!(eager, graphed, "graph replay differs from eager launches");
+}
+
+#[test]
+fn fused_matmuls_match_separate_ones() {
+    let Some(g) = gpu() else { return };
+    // Q4_K, Q4_K, Q6_K: the first two share a GEMV launch, the third gets its own.
+    let cols = 512;
+    let shapes = [
+        (GgmlType::Q4_K, 128),
+        (GgmlType::Q4_K, 33),
+        (GgmlType::Q6_K, 7),
+    ];
+    let mats: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, rows))| {
+            let src = quantized(t, rows, cols, 40 + i as u64);
+            g.upload_matrix(t, &src, rows, cols).unwrap()
+        })
+        .collect();
+    for n in [1usize, 3, 16] {
+        let xa = g.act(n, cols).unwrap();
+        g.write(&xa, &randn(n * cols, 77)).unwrap();
+        let single: Vec<Vec<f32>> = mats
+            .iter()
+            .map(|m| {
+                let out = g.act(n, m.rows).unwrap();
+                g.begin(n, 0).unwrap();
+                g.matmul(m, &xa, &out).unwrap();
+                g.end().unwrap();
+                g.read(&out).unwrap()
+            })
+            .collect();
+        let outs: Vec<_> = mats.iter().map(|m| g.act(n, m.rows).unwrap()).collect();
+        let prior: Vec<Vec<f32>> = mats
+            .iter()
+            .enumerate()
+            .map(|(i, m)| randn(n * m.rows, 90 + i as u64))
+            .collect();
+        for (o, p) in outs.iter().zip(&prior) {
+            g.write(o, p).unwrap();
+        }
+        let pairs: Vec<_> = mats.iter().zip(&outs).collect();
+        g.begin(n, 0).unwrap();
+        g.matmuls(&xa, &pairs, true).unwrap();
+        g.end().unwrap();
+        for (i, o) in outs.iter().enumerate() {
+            let got = g.read(o).unwrap();
+            for (j, &v) in got.iter().enumerate() {
+                let want = prior[i][j] + single[i][j];
+                assert!(
+                    (v - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "n={n} matrix {i} [{j}]: fused {v} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_rope_attention_matches_rope_then_attention() {
+    let Some(g) = gpu() else { return };
+    // Full and partial rotary (16 of 64 dims), both pairings, prompt then decode.
+    for (n_head, n_kv, hd, half, neox) in [
+        (4usize, 2usize, 64usize, 32usize, false),
+        (3, 1, 128, 64, true),
+        (2, 2, 64, 8, true),
+        (2, 1, 64, 8, false),
+    ] {
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 10000f32.powf(-2.0 * i as f32 / (2 * half) as f32))
+            .collect();
+        let iv = g.upload_f32(&inv).unwrap();
+        let kv_a = g.kv(1, 64, n_kv, hd, n_head).unwrap();
+        let kv_b = g.kv(1, 64, n_kv, hd, n_head).unwrap();
+        for (pos0, n) in [(0usize, 20usize), (20, 1), (21, 1), (22, 3)] {
+            let q = randn(n * n_head * hd, pos0 as u64 + 1);
+            let k = randn(n * n_kv * hd, pos0 as u64 + 2);
+            let v = randn(n * n_kv * hd, pos0 as u64 + 3);
+            let run = |fused: bool| -> (Vec<f32>, Vec<f32>) {
+                let kv = if fused { &kv_a } else { &kv_b };
+                let (qa, ka, va) = (
+                    g.act(n, n_head * hd).unwrap(),
+                    g.act(n, n_kv * hd).unwrap(),
+                    g.act(n, n_kv * hd).unwrap(),
+                );
+                let oa = g.act(n, n_head * hd).unwrap();
+                g.write(&qa, &q).unwrap();
+                g.write(&ka, &k).unwrap();
+                g.write(&va, &v).unwrap();
+                g.begin(n, pos0).unwrap();
+                if fused {
+                    g.rope_attention(kv, 0, pos0, &qa, &ka, &va, &oa, Some((&iv, neox)))
+                        .unwrap();
+                } else {
+                    g.rope(&qa, n_head, hd, &iv, neox).unwrap();
+                    g.rope(&ka, n_kv, hd, &iv, neox).unwrap();
+                    g.attention(kv, 0, pos0, &qa, &ka, &va, &oa).unwrap();
+                }
+                g.end().unwrap();
+                (g.read(&oa).unwrap(), g.read(&qa).unwrap())
+            };
+            let (fo, fq) = run(true);
+            let (uo, uq) = run(false);
+            assert_eq!(
+                fq, uq,
+                "rotated q, heads {n_head}/{n_kv} hd {hd} half {half}"
+            );
+            for (i, (&a, &b)) in fo.iter().zip(&uo).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "heads {n_head}/{n_kv} hd {hd} half {half} neox {neox} pos {pos0}+{n} [{i}]: {a} vs {b}"
+                );
+            }
+        }
+    }
 }

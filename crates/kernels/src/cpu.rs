@@ -228,7 +228,7 @@ impl Isa {
             Isa::Scalar => "portable scalar reference kernels",
             Isa::Avx2 => "AVX2 + FMA kernels (256-bit)",
             Isa::Avx512 => "AVX-512 F/BW/VL kernels (512-bit)",
-            Isa::Vnni => "AVX-512 VNNI int8 dot-product kernels",
+            Isa::Vnni => "AVX-512 VNNI int8 kernels (dot products; prompts: int8 GEMM)",
             Isa::Amx => "AMX-BF16 tiles for prompts (prefill GEMM) + VNNI dot products",
         }
     }

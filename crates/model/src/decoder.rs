@@ -294,31 +294,44 @@ impl<B: Backend> Decoder<B> {
         };
 
         b.begin_forward(n_tokens, pos0)?;
-        b.embed(&w.token_embd, ids, &mut s.x)?;
-        emit(0, &s.x)?;
-        for (l, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            b.rms_norm(&s.x, &lw.attn_norm, p.rms_eps, &mut s.xn)?;
-            b.qkv(&s.xn, &lw.wq, &lw.wk, &lw.wv, &mut s.q, &mut s.k, &mut s.v)?;
-            b.rope(&mut s.q, p.n_head, pos0, &self.rope)?;
-            b.rope(&mut s.k, p.n_head_kv, pos0, &self.rope)?;
-            b.attention(kv, l, attn_shape, pos0, &s.q, &s.k, &s.v, &mut s.attn)?;
-            b.matmul(&lw.wo, &s.attn, &mut s.proj)?;
-            b.add(&mut s.x, &s.proj)?;
-            // Feed-forward block.
-            b.rms_norm(&s.x, &lw.ffn_norm, p.rms_eps, &mut s.xn)?;
-            b.ffn_gate_up(&s.xn, &lw.w_gate, &lw.w_up, &mut s.gate, &mut s.up)?;
-            b.matmul(&lw.w_down, &s.gate, &mut s.proj)?;
-            b.add(&mut s.x, &s.proj)?;
-            emit(l + 1, &s.x)?;
-        }
-        b.rms_norm(&s.x, &w.output_norm, p.rms_eps, &mut s.xn)?;
-        emit(p.n_layer + 1, &s.xn)?;
-        // LM head on the last position only.
-        b.copy_row(&s.xn, n_tokens - 1, &mut s.last)?;
-        let head = w.output.as_ref().unwrap_or(&w.token_embd);
-        b.matmul(head, &s.last, &mut s.logits)?;
-        b.end_forward()?;
+        // end_forward runs even when an op fails: a backend may hold the device from
+        // begin_forward to end_forward.
+        let body = (|| -> Result<(), ModelError> {
+            b.embed(&w.token_embd, ids, &mut s.x)?;
+            emit(0, &s.x)?;
+            for (l, lw) in w.layers.iter().enumerate() {
+                // Attention block.
+                b.rms_norm(&s.x, &lw.attn_norm, p.rms_eps, &mut s.xn)?;
+                b.qkv(&s.xn, &lw.wq, &lw.wk, &lw.wv, &mut s.q, &mut s.k, &mut s.v)?;
+                b.rope_attention(
+                    kv,
+                    l,
+                    attn_shape,
+                    pos0,
+                    &self.rope,
+                    &mut s.q,
+                    &mut s.k,
+                    &s.v,
+                    &mut s.attn,
+                )?;
+                b.matmul_add(&lw.wo, &s.attn, &mut s.x, &mut s.proj)?;
+                // Feed-forward block.
+                b.rms_norm(&s.x, &lw.ffn_norm, p.rms_eps, &mut s.xn)?;
+                b.ffn_gate_up(&s.xn, &lw.w_gate, &lw.w_up, &mut s.gate, &mut s.up)?;
+                b.matmul_add(&lw.w_down, &s.gate, &mut s.x, &mut s.proj)?;
+                emit(l + 1, &s.x)?;
+            }
+            b.rms_norm(&s.x, &w.output_norm, p.rms_eps, &mut s.xn)?;
+            emit(p.n_layer + 1, &s.xn)?;
+            // LM head on the last position only.
+            b.copy_row(&s.xn, n_tokens - 1, &mut s.last)?;
+            let head = w.output.as_ref().unwrap_or(&w.token_embd);
+            b.matmul(head, &s.last, &mut s.logits)?;
+            Ok(())
+        })();
+        let ended = b.end_forward();
+        body?;
+        ended?;
         b.read(&s.logits)
     }
 }

@@ -32,6 +32,13 @@ pub enum BackendKind {
     Cuda {
         /// Device ordinal.
         device: usize,
+        /// Decoder layers on the GPU (`--ngl`): `None`, or at least the model's layer count,
+        /// puts the whole model there; fewer runs the last `n` layers on the GPU and the rest
+        /// (embeddings, leading layers, LM head) on the CPU backend
+        /// ([`crate::backend::split::Split`]); 0 runs everything on the CPU.
+        n_gpu_layers: Option<usize>,
+        /// Threads of the CPU part of a split.
+        n_threads: Option<usize>,
     },
 }
 
@@ -147,9 +154,29 @@ impl Model {
                 Self::with_backend(file, opts, CpuBackend::new(n_threads))
             }
             #[cfg(feature = "cuda")]
-            BackendKind::Cuda { device } => {
-                let backend = crate::backend::cuda::CudaBackend::new(device)?;
-                Self::with_backend(file, opts, backend)
+            BackendKind::Cuda {
+                device,
+                n_gpu_layers,
+                n_threads,
+            } => {
+                let n_layer = LlamaConfig::from_gguf(&file)?.n_layer as usize;
+                match n_gpu_layers {
+                    Some(0) => Self::with_backend(file, opts, CpuBackend::new(n_threads)),
+                    Some(n) if n < n_layer => {
+                        let gpu = crate::backend::cuda::CudaBackend::new(device)?;
+                        let split = crate::backend::split::Split::new(
+                            CpuBackend::new(n_threads),
+                            gpu,
+                            n_layer,
+                            n,
+                        );
+                        Self::with_backend(file, opts, split)
+                    }
+                    _ => {
+                        let backend = crate::backend::cuda::CudaBackend::new(device)?;
+                        Self::with_backend(file, opts, backend)
+                    }
+                }
             }
             #[cfg(not(feature = "cuda"))]
             BackendKind::Cuda { .. } => Err(damascus_cuda::CudaError::NotBuilt.into()),

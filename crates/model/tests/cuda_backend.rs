@@ -10,10 +10,12 @@
 //! passes, unless `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine).
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
-use damascus_convert::{NoProgress, Shape, SynthOptions, synth_model};
+use common::tiny;
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::reference::ReferenceBackend;
@@ -51,32 +53,6 @@ fn no_device_is_an_error_not_a_panic() {
         "{e}"
     );
     assert!(e.to_string().starts_with("no CUDA device"), "{e}");
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join("damascus-test-models");
-    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
-    dir.join(name)
-}
-
-/// `tiny-llama3` in `mix`, generated once per machine.
-fn tiny(mix: Mix, label: &str) -> Arc<GgufFile> {
-    let path = scratch(&format!("tiny-llama3.{label}.gguf"));
-    if !path.exists() {
-        let tokenizer =
-            damascus_hub::llama3_tokenizer_json().expect("fetching the Llama 3 tokenizer");
-        let opts = SynthOptions {
-            shape: Shape::by_name("tiny-llama3").expect("tiny-llama3 shape"),
-            mix,
-            seed: damascus_convert::DEFAULT_SEED,
-            tokenizer: &tokenizer,
-            threads: damascus_convert::default_threads(),
-        };
-        let tmp = path.with_extension("tmp");
-        synth_model(&opts, &tmp, &NoProgress).expect("synthesizing");
-        std::fs::rename(&tmp, &path).expect("moving the model into place");
-    }
-    Arc::new(GgufFile::open(&path).expect("opening the synthetic model"))
 }
 
 fn opts() -> LoadOptions {
@@ -154,6 +130,34 @@ fn decode_steps_match_reference_and_replay_graphs() {
     let want = reference.session().unwrap().eval(&ids).unwrap();
     let c = damascus_model::verify::compare(&got, &want).0;
     eprintln!("prefill 20 + decode 50: logits cosine {c:.6}");
+    assert!(c >= MIN_LOGITS_COSINE, "logits cosine {c}");
+    assert_eq!(argmax(&got), argmax(&want));
+}
+
+#[test]
+fn layer_split_cpu_then_cuda_matches_reference() {
+    // `--ngl 1` on the 2-layer model: embeddings, layer 0 and the LM head on the CPU, layer 1
+    // on the GPU; a 40-token prompt (the GEMM path) then decode steps.
+    let Some(b) = backend() else { return };
+    let f = tiny(Mix::Q4_K_M, "Q4_K_M");
+    let split = damascus_model::backend::split::Split::new(
+        damascus_model::backend::cpu::CpuBackend::new(None),
+        b,
+        2,
+        1,
+    );
+    let m = Model::with_backend(f.clone(), &opts(), split).unwrap();
+    let reference = Model::with_backend(f, &opts(), ReferenceBackend).unwrap();
+    let ids = long_ids(60);
+    let mut s = m.session().unwrap();
+    s.eval(&ids[..40]).unwrap();
+    let mut got = Vec::new();
+    for &id in &ids[40..] {
+        got = s.eval(&[id]).unwrap();
+    }
+    let want = reference.session().unwrap().eval(&ids).unwrap();
+    let c = damascus_model::verify::compare(&got, &want).0;
+    eprintln!("cpu+cuda split, prefill 40 + decode 20: logits cosine {c:.6}");
     assert!(c >= MIN_LOGITS_COSINE, "logits cosine {c}");
     assert_eq!(argmax(&got), argmax(&want));
 }

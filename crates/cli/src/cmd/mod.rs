@@ -54,6 +54,10 @@ pub struct BackendArg {
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Decoder layers on the GPU (with --backend cuda; default all): fewer runs the last N
+    /// layers on the GPU and the rest on the CPU, for models larger than the GPU's memory.
+    #[arg(long = "ngl", alias = "n-gpu-layers", value_name = "N")]
+    pub n_gpu_layers: Option<usize>,
 }
 
 impl BackendArg {
@@ -63,9 +67,14 @@ impl BackendArg {
             (BackendChoice::Cuda, true, _) => {
                 anyhow::bail!("--reference runs on the CPU; drop it or --backend cuda")
             }
-            (BackendChoice::Cuda, false, _) => BackendKind::Cuda {
+            (BackendChoice::Cuda, false, threads) => BackendKind::Cuda {
                 device: self.device,
+                n_gpu_layers: self.n_gpu_layers,
+                n_threads: threads,
             },
+            (BackendChoice::Cpu, _, _) if self.n_gpu_layers.is_some_and(|n| n > 0) => {
+                anyhow::bail!("--ngl needs --backend cuda")
+            }
             (BackendChoice::Cpu, true, _) => BackendKind::Reference,
             (BackendChoice::Cpu, false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
             (BackendChoice::Cpu, false, None) => BackendKind::Auto,

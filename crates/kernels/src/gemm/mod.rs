@@ -32,6 +32,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+pub mod int8;
 mod micro;
 #[cfg(test)]
 mod tests;

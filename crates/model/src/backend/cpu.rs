@@ -54,6 +54,9 @@ pub struct CpuBackend {
     kern: &'static DotKernels,
     /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
     gemm: Option<GemmPath>,
+    /// Prompts multiply in int8 (`gemm::int8`, VNNI without AMX) where the weight type allows;
+    /// `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel f32 GEMM.
+    int8: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -76,10 +79,15 @@ impl CpuBackend {
             // The chosen level, not the dot table's (AMX shares the VNNI dot products).
             .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
             .filter(|p| p.is_available());
+        let int8 = gemm == Some(GemmPath::Avx512)
+            && kern.isa() == Isa::Vnni
+            && gemm::int8::is_available()
+            && std::env::var("DAMASCUS_GEMM_INT8").map_or(true, |v| v.trim() != "0");
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
             gemm,
+            int8,
         }
     }
 
@@ -591,8 +599,9 @@ impl CpuBackend {
         outs: &mut [&mut HostAct],
         swiglu: bool,
     ) -> Result<(), ModelError> {
-        let xp = PackedActs::new_with(&x.data, x.n_tokens, x.width, Some(&self.pool))
-            .map_err(|e| kernel_err("gemm input", e))?;
+        // Both operand forms made at most once per call, on first need.
+        let mut xp: Option<PackedActs> = None;
+        let mut xq: Option<gemm::int8::QActs> = None;
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
             let view = w.tensor.view()?;
             let wr = WeightRef {
@@ -601,7 +610,26 @@ impl CpuBackend {
                 rows: w.rows,
                 cols: w.cols,
             };
-            gemm::gemm(path, wr, &xp, &mut o.data, Some(&self.pool))
+            if self.int8 && gemm::int8::unsupported(&wr).is_none() {
+                let xq = match &mut xq {
+                    Some(q) => q,
+                    slot @ None => slot.insert(
+                        gemm::int8::QActs::new(&x.data, x.n_tokens, x.width, Some(&self.pool))
+                            .map_err(|e| kernel_err("int8 gemm input", e))?,
+                    ),
+                };
+                gemm::int8::gemm_i8(wr, xq, &mut o.data, Some(&self.pool))
+                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+                continue;
+            }
+            let xp = match &mut xp {
+                Some(p) => p,
+                slot @ None => slot.insert(
+                    PackedActs::new_with(&x.data, x.n_tokens, x.width, Some(&self.pool))
+                        .map_err(|e| kernel_err("gemm input", e))?,
+                ),
+            };
+            gemm::gemm(path, wr, xp, &mut o.data, Some(&self.pool))
                 .map_err(|e| kernel_err(w.tensor.name(), e))?;
         }
         if swiglu {
@@ -1007,5 +1035,9 @@ impl Backend for CpuBackend {
 
     fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {
         Ok(x.data.clone())
+    }
+
+    fn write(&self, x: &mut HostAct, data: &[f32]) -> Result<(), ModelError> {
+        host_ops::write(x, data)
     }
 }

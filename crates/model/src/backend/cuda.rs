@@ -12,10 +12,11 @@
 //! the end of the pass, and a decode step (one token) replays a captured CUDA graph (see
 //! `damascus_cuda::gpu`). Logits come back to the host in [`Backend::read`].
 //!
-//! One device recorder serves every sequence: forward passes on one `CudaBackend` must not
-//! interleave (the CLI and the server's single worker run them one at a time).
+//! One device recorder serves every sequence, so forward passes on one `CudaBackend` are
+//! serialized: `begin_forward` waits until no other pass is between its own `begin_forward` and
+//! `end_forward` (the decoder always calls both), so several server slots may share one GPU.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use damascus_cuda::{DevAct, DevKv, DevMatrix, DevVec, Gpu};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
@@ -29,6 +30,9 @@ pub struct CudaBackend {
     gpu: Arc<Gpu>,
     /// The rope inverse frequencies on the device, keyed by their host values.
     inv_freq: Mutex<Option<(Vec<f32>, Arc<DevVec>)>>,
+    /// A forward pass is being recorded (between `begin_forward` and `end_forward`).
+    busy: Mutex<bool>,
+    idle: Condvar,
 }
 
 /// The KV cache: allocated on the first attention call, when the query head count is known.
@@ -43,6 +47,8 @@ impl CudaBackend {
         Ok(Self {
             gpu: Gpu::open(ordinal)?,
             inv_freq: Mutex::new(None),
+            busy: Mutex::new(false),
+            idle: Condvar::new(),
         })
     }
 
@@ -61,6 +67,35 @@ impl CudaBackend {
         let dev = Arc::new(self.gpu.upload_f32(&rope.inv_freq)?);
         *slot = Some((rope.inv_freq.clone(), Arc::clone(&dev)));
         Ok(dev)
+    }
+}
+
+impl CudaBackend {
+    /// The layer caches, allocated on the first attention call.
+    fn kv<'c>(
+        &self,
+        cache: &'c mut CudaKvCache,
+        shape: AttnShape,
+    ) -> Result<&'c mut DevKv, ModelError> {
+        let s = cache.shape;
+        if s.n_head_kv != shape.n_head_kv || s.head_dim != shape.head_dim {
+            return Err(ModelError::Tensor {
+                what: format!(
+                    "attention: cache of {} KV heads × {} for {} × {}",
+                    s.n_head_kv, s.head_dim, shape.n_head_kv, shape.head_dim
+                ),
+            });
+        }
+        Ok(match &mut cache.kv {
+            Some(kv) => kv,
+            slot @ None => slot.insert(self.gpu.kv(
+                s.n_layer,
+                s.n_ctx,
+                s.n_head_kv,
+                s.head_dim,
+                shape.n_head,
+            )?),
+        })
     }
 }
 
@@ -103,11 +138,20 @@ impl Backend for CudaBackend {
     }
 
     fn begin_forward(&self, n_tokens: usize, pos0: usize) -> Result<(), ModelError> {
-        Ok(self.gpu.begin(n_tokens, pos0)?)
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = self.idle.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        self.gpu.begin(n_tokens, pos0)?;
+        *busy = true;
+        Ok(())
     }
 
     fn end_forward(&self) -> Result<(), ModelError> {
-        Ok(self.gpu.end()?)
+        let r = self.gpu.end();
+        *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.idle.notify_one();
+        Ok(r?)
     }
 
     fn embed(&self, table: &DevMatrix, ids: &[u32], out: &mut DevAct) -> Result<(), ModelError> {
@@ -152,26 +196,63 @@ impl Backend for CudaBackend {
         v: &DevAct,
         out: &mut DevAct,
     ) -> Result<(), ModelError> {
-        let s = cache.shape;
-        if s.n_head_kv != shape.n_head_kv || s.head_dim != shape.head_dim {
-            return Err(ModelError::Tensor {
-                what: format!(
-                    "attention: cache of {} KV heads × {} for {} × {}",
-                    s.n_head_kv, s.head_dim, shape.n_head_kv, shape.head_dim
-                ),
-            });
-        }
-        let kv = match &mut cache.kv {
-            Some(kv) => kv,
-            slot @ None => slot.insert(self.gpu.kv(
-                s.n_layer,
-                s.n_ctx,
-                s.n_head_kv,
-                s.head_dim,
-                shape.n_head,
-            )?),
-        };
+        let kv = self.kv(cache, shape)?;
         Ok(self.gpu.attention(kv, layer, pos0, q, k, v, out)?)
+    }
+
+    fn rope_attention(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        rope: &RopeParams,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        v: &DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        let inv = self.inv_freq(rope)?;
+        let neox = rope.layout == RopeLayout::Neox;
+        let kv = self.kv(cache, shape)?;
+        Ok(self
+            .gpu
+            .rope_attention(kv, layer, pos0, q, k, v, out, Some((&inv, neox)))?)
+    }
+
+    fn matmul_add(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        acc: &mut DevAct,
+        _scratch: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        Ok(self.gpu.matmul_add(w, x, acc)?)
+    }
+
+    fn qkv(
+        &self,
+        x: &DevAct,
+        wq: &DevMatrix,
+        wk: &DevMatrix,
+        wv: &DevMatrix,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        v: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        Ok(self.gpu.matmuls(x, &[(wq, q), (wk, k), (wv, v)], false)?)
+    }
+
+    fn ffn_gate_up(
+        &self,
+        x: &DevAct,
+        w_gate: &DevMatrix,
+        w_up: &DevMatrix,
+        gate: &mut DevAct,
+        up: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        self.gpu.matmuls(x, &[(w_gate, gate), (w_up, up)], false)?;
+        Ok(self.gpu.swiglu(gate, up)?)
     }
 
     fn swiglu(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), ModelError> {
@@ -188,5 +269,9 @@ impl Backend for CudaBackend {
 
     fn read(&self, x: &DevAct) -> Result<Vec<f32>, ModelError> {
         Ok(self.gpu.read(x)?)
+    }
+
+    fn write(&self, x: &mut DevAct, data: &[f32]) -> Result<(), ModelError> {
+        Ok(self.gpu.write(x, data)?)
     }
 }

@@ -7,11 +7,12 @@
 //! repack, quantize or upload), and then drives one forward pass as a fixed sequence of ops.
 //! Activations, prepared weights and the KV cache are associated types, so a GPU backend keeps
 //! them on the device and the decoder never sees a pointer. Host data crosses the seam only in
-//! [`Backend::embed`] (token ids) and [`Backend::read`] (logits, and hidden states for
-//! `verify`).
+//! [`Backend::embed`] (token ids), [`Backend::read`] (logits, and hidden states for `verify`)
+//! and [`Backend::write`] (activations moving between the two sides of a [`split::Split`]).
 //!
-//! Fused ops ([`Backend::qkv`], [`Backend::ffn_gate_up`]) have default implementations in terms
-//! of the primitive ones; fast backends override them.
+//! Fused ops ([`Backend::qkv`], [`Backend::ffn_gate_up`], [`Backend::matmul_add`],
+//! [`Backend::rope_attention`]) have default implementations in terms of the primitive ones;
+//! fast backends override them.
 //!
 //! Every backend is checked against [`reference::ReferenceBackend`], the scalar f32 oracle.
 
@@ -19,6 +20,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod reference;
+pub mod split;
 
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 
@@ -168,6 +170,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Reads `x` back to the host as `[n_tokens, width]` f32, row-major.
     fn read(&self, x: &Self::Act) -> Result<Vec<f32>, ModelError>;
 
+    /// Overwrites `x` with host `[n_tokens, width]` f32, row-major: the inverse of
+    /// [`Backend::read`] (how [`split::Split`] moves activations between backends).
+    fn write(&self, x: &mut Self::Act, data: &[f32]) -> Result<(), ModelError>;
+
     /// Q, K and V projections of the same normed input `x` `[n_tokens, n_embd]`.
     /// Default: three [`Backend::matmul`]s.
     #[allow(clippy::too_many_arguments)]
@@ -184,6 +190,41 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.matmul(wq, x, q)?;
         self.matmul(wk, x, k)?;
         self.matmul(wv, x, v)
+    }
+
+    /// `acc += x · Wᵀ`, an output projection with its residual add; `scratch`
+    /// `[n_tokens, rows]` may be used for the product. Default: [`Backend::matmul`] into
+    /// `scratch`, then [`Backend::add`].
+    fn matmul_add(
+        &self,
+        w: &Self::Matrix,
+        x: &Self::Act,
+        acc: &mut Self::Act,
+        scratch: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        self.matmul(w, x, scratch)?;
+        self.add(acc, scratch)
+    }
+
+    /// RoPE on `q` and `k`, then [`Backend::attention`] (a backend may fuse the rotation into
+    /// the cache write; `k` is then unspecified afterwards). Default: two [`Backend::rope`]s
+    /// and [`Backend::attention`].
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        shape: AttnShape,
+        pos0: usize,
+        rope: &RopeParams,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        self.rope(q, shape.n_head, pos0, rope)?;
+        self.rope(k, shape.n_head_kv, pos0, rope)?;
+        self.attention(cache, layer, shape, pos0, q, k, v, out)
     }
 
     /// `gate = silu(x · W_gateᵀ) * (x · W_upᵀ)`, the first half of the SwiGLU FFN; `up` is

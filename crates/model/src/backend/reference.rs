@@ -111,6 +111,13 @@ pub(super) mod host_ops {
             .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
         Ok(())
     }
+
+    /// `x = data` (same length).
+    pub fn write(x: &mut HostAct, data: &[f32]) -> Result<(), ModelError> {
+        check_len("write", "data", data.len(), x.data.len())?;
+        x.data.copy_from_slice(data);
+        Ok(())
+    }
 }
 
 impl Backend for ReferenceBackend {
@@ -257,5 +264,9 @@ impl Backend for ReferenceBackend {
 
     fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {
         Ok(x.data.clone())
+    }
+
+    fn write(&self, x: &mut HostAct, data: &[f32]) -> Result<(), ModelError> {
+        host_ops::write(x, data)
     }
 }

@@ -1,0 +1,767 @@
+//! Prefill GEMM in int8 for CPUs with AVX-512 VNNI but no AMX: `out[t, r] = Σ_k W[r, k] x[t, k]`
+//! with `vpdpbusd` (u8 weights × i8 activations → i32), never materializing f32 weights.
+//!
+//! Every supported weight type is written as `w = s_b · q − m_b` per sub-block `b` of `S`
+//! columns (`q` an unsigned byte, `s_b`, `m_b` f32 per row and sub-block):
+//!
+//! | type | S | q | s | m |
+//! | --- | ---: | --- | --- | --- |
+//! | Q4_K / Q5_K | 32 | 4 / 5-bit quant | `d · sc` | `dmin · m` |
+//! | Q6_K | 16 | 6-bit quant | `d · sc` | `32 · d · sc` |
+//! | Q8_0 | 32 | `q + 128` | `d` | `128 · d` |
+//! | Q4_0 / Q5_0 | 32 | quant | `d` | `8 d` / `16 d` |
+//! | Q4_1 / Q5_1 | 32 | quant | `d` | `−m` |
+//!
+//! Activations are quantized once per matmul ([`QActs`]: i8 per 32-block with scale `dx`, plus
+//! `dx · Σ q` per sub-block), so `Σ_k w x = Σ_b s_b dx_b (Σ_{k∈b} q x_q) − m_b (dx_b Σ_{k∈b} x_q)`:
+//! the integer dot of a sub-block is scaled once, and the `m` term uses the precomputed sums.
+//!
+//! Work unit: 32 weight rows (unpacked once into a `[k / 4][32 rows][4]` u8 panel with their
+//! `[k / S][32]` scales, L2-resident) × a range of tokens, 4 tokens per micro-kernel call: per
+//! 4 columns two 64-byte panel loads feed 8 `vpdpbusd`. [`gemm_i8_ref`] is the scalar twin,
+//! the same arithmetic in the same order.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use damascus_quant::GgmlType;
+use damascus_quant::fp::fp16_to_f32;
+
+use crate::pool::{ThreadPool, split_range};
+use crate::quantdot::KernelError;
+
+use super::{SendPtr, WeightRef};
+
+/// Weight rows per unit (two 16-lane vectors).
+pub const ROWS: usize = 32;
+/// Tokens per micro-kernel call.
+const NT: usize = 4;
+
+/// The sub-block size `S` of `dtype` on this path, or `None` when it has none here.
+pub fn sub_block(dtype: GgmlType) -> Option<usize> {
+    match dtype {
+        GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1 => Some(32),
+        GgmlType::Q6_K => Some(16),
+        _ => None,
+    }
+}
+
+/// Why `w` cannot go through the int8 GEMM, if it cannot.
+pub fn unsupported(w: &WeightRef<'_>) -> Option<String> {
+    if sub_block(w.dtype).is_none() {
+        return Some(format!("no int8 unpacker for {:?}", w.dtype));
+    }
+    if w.rows == 0 || !w.rows.is_multiple_of(ROWS) {
+        return Some(format!("{} rows is not a multiple of {ROWS}", w.rows));
+    }
+    let bs = w.dtype.block_size();
+    if w.cols == 0 || !w.cols.is_multiple_of(bs) || !w.cols.is_multiple_of(32) {
+        return Some(format!("{} columns for {:?}", w.cols, w.dtype));
+    }
+    if w.rows.checked_mul(w.row_bytes()) != Some(w.bytes.len()) {
+        return Some(format!(
+            "{} bytes for [{}, {}] {:?}",
+            w.bytes.len(),
+            w.rows,
+            w.cols,
+            w.dtype
+        ));
+    }
+    None
+}
+
+/// Activations `[n_tokens, k]` quantized for the int8 GEMM.
+#[derive(Clone, Debug)]
+pub struct QActs {
+    n_tokens: usize,
+    k: usize,
+    /// `[n_tokens, k]` i8.
+    q: Vec<i8>,
+    /// `[n_tokens, k / 32]` block scales.
+    d: Vec<f32>,
+    /// `[n_tokens, k / 16]` `d · Σ q` over each 16 elements.
+    s16: Vec<f32>,
+    /// `[n_tokens, k / 32]` `d · Σ q` over each 32-block.
+    s32: Vec<f32>,
+}
+
+impl QActs {
+    /// Quantizes `x` (`[n_tokens, k]` f32, `k` a multiple of 32), tokens split over `pool`.
+    pub fn new(
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<QActs, KernelError> {
+        if x.len() != n_tokens * k || !k.is_multiple_of(32) {
+            return Err(KernelError::BadLength {
+                what: "int8 gemm activations (k a multiple of 32)",
+                expected: n_tokens * k,
+                found: x.len(),
+                unit: "elements",
+            });
+        }
+        let nb = k / 32;
+        let mut a = QActs {
+            n_tokens,
+            k,
+            q: vec![0; n_tokens * k],
+            d: vec![0.0; n_tokens * nb],
+            s16: vec![0.0; n_tokens * 2 * nb],
+            s32: vec![0.0; n_tokens * nb],
+        };
+        let quant = |t: usize, q: &mut [i8], d: &mut [f32], s16: &mut [f32], s32: &mut [f32]| {
+            let xr = &x[t * k..(t + 1) * k];
+            for b in 0..nb {
+                let blk = &xr[32 * b..32 * b + 32];
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let db = amax / 127.0;
+                let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+                let mut sums = [0i32; 2];
+                for (i, &v) in blk.iter().enumerate() {
+                    let qi = (v * id).round().clamp(-127.0, 127.0) as i32;
+                    q[32 * b + i] = qi as i8;
+                    sums[i / 16] += qi;
+                }
+                d[b] = db;
+                s16[2 * b] = db * sums[0] as f32;
+                s16[2 * b + 1] = db * sums[1] as f32;
+                s32[b] = db * (sums[0] + sums[1]) as f32;
+            }
+        };
+        let nt = pool.map_or(1, ThreadPool::n_threads);
+        if nt > 1 && n_tokens >= 2 * nt {
+            let parts = std::sync::Mutex::new(Vec::new());
+            {
+                let mut rest = (&mut a.q[..], &mut a.d[..], &mut a.s16[..], &mut a.s32[..]);
+                let mut v = parts.lock().unwrap_or_else(|p| p.into_inner());
+                for t in 0..nt {
+                    let r = split_range(n_tokens, 1, t, nt);
+                    let n = r.len();
+                    let (q, q2) = std::mem::take(&mut rest.0).split_at_mut(n * k);
+                    let (d, d2) = std::mem::take(&mut rest.1).split_at_mut(n * nb);
+                    let (s, s2) = std::mem::take(&mut rest.2).split_at_mut(n * 2 * nb);
+                    let (u, u2) = std::mem::take(&mut rest.3).split_at_mut(n * nb);
+                    rest = (q2, d2, s2, u2);
+                    v.push(std::sync::Mutex::new((r.start, n, q, d, s, u)));
+                }
+            }
+            let parts = parts.into_inner().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = pool {
+                p.run(&|t, _| {
+                    let mut g = parts[t].lock().unwrap_or_else(|p| p.into_inner());
+                    let (t0, n, ref mut q, ref mut d, ref mut s, ref mut u) = *g;
+                    for i in 0..n {
+                        quant(
+                            t0 + i,
+                            &mut q[i * k..(i + 1) * k],
+                            &mut d[i * nb..(i + 1) * nb],
+                            &mut s[i * 2 * nb..(i + 1) * 2 * nb],
+                            &mut u[i * nb..(i + 1) * nb],
+                        );
+                    }
+                });
+            }
+        } else {
+            for t in 0..n_tokens {
+                quant(
+                    t,
+                    &mut a.q[t * k..(t + 1) * k],
+                    &mut a.d[t * nb..(t + 1) * nb],
+                    &mut a.s16[t * 2 * nb..(t + 1) * 2 * nb],
+                    &mut a.s32[t * nb..(t + 1) * nb],
+                );
+            }
+        }
+        Ok(a)
+    }
+
+    /// Tokens.
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// The per-sub-block sums for sub-block size `s` (16 or 32).
+    fn sums(&self, s: usize) -> &[f32] {
+        if s == 16 { &self.s16 } else { &self.s32 }
+    }
+}
+
+/// One row unpacked: `q` `[k]` u8, `s` and `m` `[k / S]`.
+fn unpack_row(dtype: GgmlType, src: &[u8], q: &mut [u8], s: &mut [f32], m: &mut [f32]) {
+    let h = |b: &[u8], i: usize| fp16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]));
+    match dtype {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let ts = if dtype == GgmlType::Q4_0 { 18 } else { 20 };
+            for (b, blk) in src.chunks_exact(ts).enumerate() {
+                let d = h(blk, 0);
+                let qs = &blk[ts - 16..];
+                for j in 0..16 {
+                    q[32 * b + j] = qs[j] & 0xF;
+                    q[32 * b + j + 16] = qs[j] >> 4;
+                }
+                s[b] = d;
+                m[b] = if dtype == GgmlType::Q4_0 {
+                    8.0 * d
+                } else {
+                    -h(blk, 2)
+                };
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let (ts, qh_at) = if dtype == GgmlType::Q5_0 {
+                (22, 2)
+            } else {
+                (24, 4)
+            };
+            for (b, blk) in src.chunks_exact(ts).enumerate() {
+                let d = h(blk, 0);
+                let qh = u32::from_le_bytes([
+                    blk[qh_at],
+                    blk[qh_at + 1],
+                    blk[qh_at + 2],
+                    blk[qh_at + 3],
+                ]);
+                let qs = &blk[qh_at + 4..];
+                for j in 0..16 {
+                    q[32 * b + j] = (qs[j] & 0xF) | ((((qh >> j) & 1) as u8) << 4);
+                    q[32 * b + j + 16] = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                }
+                s[b] = d;
+                m[b] = if dtype == GgmlType::Q5_0 {
+                    16.0 * d
+                } else {
+                    -h(blk, 2)
+                };
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (b, blk) in src.chunks_exact(34).enumerate() {
+                let d = h(blk, 0);
+                for j in 0..32 {
+                    q[32 * b + j] = (blk[2 + j] as i8 as i16 + 128) as u8;
+                }
+                s[b] = d;
+                m[b] = 128.0 * d;
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let ts = if dtype == GgmlType::Q4_K { 144 } else { 176 };
+            for (sb, blk) in src.chunks_exact(ts).enumerate() {
+                let (d, dmin) = (h(blk, 0), h(blk, 2));
+                let sc = &blk[4..16];
+                let (qh, qs) = if dtype == GgmlType::Q4_K {
+                    (None, &blk[16..144])
+                } else {
+                    (Some(&blk[16..48]), &blk[48..176])
+                };
+                for j in 0..8 {
+                    let (scv, mv) = if j < 4 {
+                        (sc[j] & 63, sc[j + 4] & 63)
+                    } else {
+                        (
+                            (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                            (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+                        )
+                    };
+                    s[8 * sb + j] = d * f32::from(scv);
+                    m[8 * sb + j] = dmin * f32::from(mv);
+                    let qsj = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+                    let shift = 4 * (j % 2);
+                    for l in 0..32 {
+                        let mut v = (qsj[l] >> shift) & 0xF;
+                        if let Some(qh) = qh {
+                            v |= ((qh[l] >> j) & 1) << 4;
+                        }
+                        q[256 * sb + 32 * j + l] = v;
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            for (sb, blk) in src.chunks_exact(210).enumerate() {
+                let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+                let d = h(blk, 208);
+                for n in 0..2 {
+                    for l in 0..32 {
+                        let (a, b, hh) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
+                        let o = 256 * sb + 128 * n + l;
+                        q[o] = (a & 0xF) | ((hh & 3) << 4);
+                        q[o + 32] = (b & 0xF) | (((hh >> 2) & 3) << 4);
+                        q[o + 64] = (a >> 4) | (((hh >> 4) & 3) << 4);
+                        q[o + 96] = (b >> 4) | (((hh >> 6) & 3) << 4);
+                    }
+                }
+                for (i, &c) in sc.iter().enumerate() {
+                    let v = d * f32::from(c as i8);
+                    s[16 * sb + i] = v;
+                    m[16 * sb + i] = 32.0 * v;
+                }
+            }
+        }
+        _ => unreachable!("checked by `unsupported`"),
+    }
+}
+
+/// `w[r, k]` as this path sees it (`s · q − m`), for tests against the dequantizer.
+pub fn unpacked_row(dtype: GgmlType, src: &[u8], k: usize) -> Option<Vec<f32>> {
+    let sz = sub_block(dtype)?;
+    let (mut q, mut s, mut m) = (vec![0u8; k], vec![0f32; k / sz], vec![0f32; k / sz]);
+    unpack_row(dtype, src, &mut q, &mut s, &mut m);
+    Some(
+        (0..k)
+            .map(|i| s[i / sz] * f32::from(q[i]) - m[i / sz])
+            .collect(),
+    )
+}
+
+/// The 32 rows `r0..r0 + 32` of `w` as the micro-kernel reads them.
+struct Panel {
+    /// `[k / 4][32][4]` u8.
+    q: Vec<u8>,
+    /// `[k / S][32]` scales.
+    s: Vec<f32>,
+    /// `[k / S][32]` offsets.
+    m: Vec<f32>,
+    /// Scratch `[k]` u8, `[k / S]` f32 ×2: one row.
+    row_q: Vec<u8>,
+    row_s: Vec<f32>,
+    row_m: Vec<f32>,
+}
+
+impl Panel {
+    fn new(k: usize, sz: usize) -> Panel {
+        Panel {
+            q: vec![0; k * ROWS],
+            s: vec![0.0; k / sz * ROWS],
+            m: vec![0.0; k / sz * ROWS],
+            row_q: vec![0; k],
+            row_s: vec![0.0; k / sz],
+            row_m: vec![0.0; k / sz],
+        }
+    }
+
+    fn fill(&mut self, w: &WeightRef<'_>, r0: usize) {
+        let rb = w.row_bytes();
+        for r in 0..ROWS {
+            let src = &w.bytes[(r0 + r) * rb..(r0 + r + 1) * rb];
+            unpack_row(
+                w.dtype,
+                src,
+                &mut self.row_q,
+                &mut self.row_s,
+                &mut self.row_m,
+            );
+            for (kq, quad) in self.row_q.chunks_exact(4).enumerate() {
+                self.q[(kq * ROWS + r) * 4..(kq * ROWS + r) * 4 + 4].copy_from_slice(quad);
+            }
+            for (b, (&s, &m)) in self.row_s.iter().zip(&self.row_m).enumerate() {
+                self.s[b * ROWS + r] = s;
+                self.m[b * ROWS + r] = m;
+            }
+        }
+    }
+}
+
+/// Scalar twin of the micro-kernel: tokens `t0..t0 + nt`, the panel's 32 rows, into
+/// `out[t * rows + r0 ..][..32]`. Same order of operations as the SIMD one: per sub-block an
+/// exact integer dot, then `acc = fma(idot, s · dx, acc)` and `acc = fma(−m, xsum, acc)`.
+///
+/// # Safety
+/// Tokens `t0..t0 + nt` and rows `r0..r0 + 32` must lie inside `out` (`[n_tokens, rows]`),
+/// and no other thread may write that rectangle meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro_scalar(
+    p: &Panel,
+    x: &QActs,
+    sz: usize,
+    t0: usize,
+    nt: usize,
+    out: *mut f32,
+    r0: usize,
+    rows: usize,
+) {
+    let k = x.k;
+    let sums = x.sums(sz);
+    for t in t0..t0 + nt {
+        let xq = &x.q[t * k..(t + 1) * k];
+        for r in 0..ROWS {
+            let mut acc = 0f32;
+            for b in 0..k / sz {
+                let mut dot = 0i32;
+                for (i, &xv) in xq.iter().enumerate().skip(b * sz).take(sz) {
+                    dot += i32::from(p.q[(i / 4 * ROWS + r) * 4 + i % 4]) * i32::from(xv);
+                }
+                let dx = x.d[t * (k / 32) + b * sz / 32];
+                acc = (dot as f32).mul_add(p.s[b * ROWS + r] * dx, acc);
+                acc = (-p.m[b * ROWS + r]).mul_add(sums[t * (k / sz) + b], acc);
+            }
+            // SAFETY: inside the caller's rectangle.
+            unsafe { *out.add(t * rows + r0 + r) = acc };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{NT, Panel, QActs, ROWS};
+
+    /// [`super::micro_scalar`] for `N` tokens on AVX-512 VNNI, `SQ` = S / 4 column quads per
+    /// sub-block.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VNNI must be present; tokens `t0..t0 + N` and rows `r0..r0 + 32` must lie
+    /// inside `x` and `out` (`[n_tokens, rows]`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn micro<const N: usize, const SQ: usize>(
+        p: &Panel,
+        x: &QActs,
+        t0: usize,
+        out: *mut f32,
+        r0: usize,
+        rows: usize,
+    ) {
+        let k = x.k;
+        let sz = 4 * SQ;
+        let nsub = k / sz;
+        let sums = x.sums(sz);
+        let mut acc = [[_mm512_setzero_ps(); 2]; N];
+        let pq = p.q.as_ptr();
+        for b in 0..nsub {
+            let mut dot = [[_mm512_setzero_si512(); 2]; N];
+            for qd in 0..SQ {
+                let kq = b * SQ + qd;
+                // SAFETY: kq < k / 4; the panel holds [k / 4][32][4] bytes.
+                let (w0, w1) = unsafe {
+                    (
+                        _mm512_loadu_si512(pq.add(kq * ROWS * 4).cast()),
+                        _mm512_loadu_si512(pq.add(kq * ROWS * 4 + 64).cast()),
+                    )
+                };
+                for (j, d) in dot.iter_mut().enumerate() {
+                    // SAFETY: token t0 + j < n_tokens, column 4 kq + 3 < k.
+                    let xv = unsafe {
+                        (x.q.as_ptr().add((t0 + j) * k + 4 * kq) as *const i32).read_unaligned()
+                    };
+                    let xb = _mm512_set1_epi32(xv);
+                    d[0] = _mm512_dpbusd_epi32(d[0], w0, xb);
+                    d[1] = _mm512_dpbusd_epi32(d[1], w1, xb);
+                }
+            }
+            // SAFETY: b < k / S; the scales are [k / S][32] f32.
+            let (s0, s1, m0, m1) = unsafe {
+                (
+                    _mm512_loadu_ps(p.s.as_ptr().add(b * ROWS)),
+                    _mm512_loadu_ps(p.s.as_ptr().add(b * ROWS + 16)),
+                    _mm512_loadu_ps(p.m.as_ptr().add(b * ROWS)),
+                    _mm512_loadu_ps(p.m.as_ptr().add(b * ROWS + 16)),
+                )
+            };
+            for j in 0..N {
+                let t = t0 + j;
+                let dx = _mm512_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
+                let xs = _mm512_set1_ps(sums[t * nsub + b]);
+                let a = &mut acc[j];
+                a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][0]), _mm512_mul_ps(s0, dx), a[0]);
+                a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][1]), _mm512_mul_ps(s1, dx), a[1]);
+                a[0] = _mm512_fnmadd_ps(m0, xs, a[0]);
+                a[1] = _mm512_fnmadd_ps(m1, xs, a[1]);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: row r0 + 31 < rows, token t0 + j < n_tokens.
+            unsafe {
+                let o = out.add((t0 + j) * rows + r0);
+                _mm512_storeu_ps(o, a[0]);
+                _mm512_storeu_ps(o.add(16), a[1]);
+            }
+        }
+    }
+
+    /// Tokens `t0..t1` in calls of up to [`NT`].
+    ///
+    /// # Safety
+    /// As [`micro`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn tokens(
+        p: &Panel,
+        x: &QActs,
+        sz: usize,
+        t0: usize,
+        t1: usize,
+        out: *mut f32,
+        r0: usize,
+        rows: usize,
+    ) {
+        let mut t = t0;
+        macro_rules! go {
+            ($n:literal) => {
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    if sz == 16 {
+                        micro::<$n, 4>(p, x, t, out, r0, rows)
+                    } else {
+                        micro::<$n, 8>(p, x, t, out, r0, rows)
+                    }
+                }
+            };
+        }
+        while t < t1 {
+            match (t1 - t).min(NT) {
+                4 => go!(4),
+                3 => go!(3),
+                2 => go!(2),
+                _ => go!(1),
+            }
+            t += (t1 - t).min(NT);
+        }
+    }
+}
+
+/// Whether this CPU runs the VNNI micro-kernel.
+pub fn is_available() -> bool {
+    let f = crate::cpu::CpuFeatures::get();
+    cfg!(target_arch = "x86_64") && f.avx512f && f.avx512bw && f.avx512vnni
+}
+
+/// Scalar twin of [`gemm_i8`]: `out` `[n_tokens, rows]`.
+pub fn gemm_i8_ref(w: WeightRef<'_>, x: &QActs, out: &mut [f32]) -> Result<(), KernelError> {
+    check(&w, x, out)?;
+    let sz = sub_block(w.dtype).unwrap_or(32);
+    let mut p = Panel::new(w.cols, sz);
+    for r0 in (0..w.rows).step_by(ROWS) {
+        p.fill(&w, r0);
+        // SAFETY: `check` sized `out` as [n_tokens, rows]; r0 + 32 <= rows.
+        unsafe { micro_scalar(&p, x, sz, 0, x.n_tokens, out.as_mut_ptr(), r0, w.rows) };
+    }
+    Ok(())
+}
+
+fn check(w: &WeightRef<'_>, x: &QActs, out: &[f32]) -> Result<(), KernelError> {
+    if let Some(why) = unsupported(w) {
+        return Err(KernelError::BadShape(format!("int8 gemm: {why}")));
+    }
+    if x.k != w.cols || out.len() != x.n_tokens * w.rows {
+        return Err(KernelError::BadShape(format!(
+            "int8 gemm: [{}, {}] activations, [{}, {}] weights, {} outputs",
+            x.n_tokens,
+            x.k,
+            w.rows,
+            w.cols,
+            out.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `out = x · Wᵀ` (`out` `[n_tokens, rows]` f32) with the VNNI micro-kernel (the scalar twin
+/// where VNNI is missing), units of 32 rows × a token range split over `pool`.
+pub fn gemm_i8(
+    w: WeightRef<'_>,
+    x: &QActs,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    check(&w, x, out)?;
+    if x.n_tokens == 0 {
+        return Ok(());
+    }
+    let sz = sub_block(w.dtype).unwrap_or(32);
+    let nt = pool.map_or(1, ThreadPool::n_threads);
+    let n_rb = w.rows / ROWS;
+    // Token chunks only when row blocks are scarce (each chunk re-unpacks its panel).
+    let tc = (2 * nt).div_ceil(n_rb).clamp(1, x.n_tokens.div_ceil(NT));
+    let n_units = n_rb * tc;
+    let next = AtomicUsize::new(0);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let vnni = is_available();
+    let work = |_t: usize, _nt: usize| {
+        let out_ptr = &out_ptr;
+        let mut p = Panel::new(w.cols, sz);
+        let mut last_rb = usize::MAX;
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= n_units {
+                break;
+            }
+            let (rb, tcx) = (u / tc, u % tc);
+            if rb != last_rb {
+                p.fill(&w, rb * ROWS);
+                last_rb = rb;
+            }
+            let tr = split_range(x.n_tokens, 1, tcx, tc);
+            #[cfg(target_arch = "x86_64")]
+            if vnni {
+                // SAFETY: VNNI checked; tokens tr ⊂ 0..n_tokens and rows rb*32..+32 ⊂
+                // 0..rows lie inside `out` (checked sizes); units own disjoint rectangles.
+                unsafe { vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows) };
+                continue;
+            }
+            // SAFETY: as above; this unit's rectangle is written by this thread only.
+            unsafe { micro_scalar(&p, x, sz, tr.start, tr.len(), out_ptr.0, rb * ROWS, w.rows) };
+        }
+    };
+    match pool {
+        Some(p) if nt > 1 => p.run(&work),
+        _ => work(0, 1),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ];
+
+    fn randn(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn matrix(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let x = randn(rows * cols, seed);
+        let rb = dtype.row_bytes(cols as u64).unwrap() as usize;
+        let mut out = vec![0u8; rows * rb];
+        for (r, dst) in out.chunks_exact_mut(rb).enumerate() {
+            damascus_quant::quantize_row(dtype, &x[r * cols..(r + 1) * cols], dst).unwrap();
+        }
+        out
+    }
+
+    fn cols_for(dtype: GgmlType) -> [usize; 2] {
+        if dtype.block_size() == 256 {
+            [256, 768]
+        } else {
+            [32, 96]
+        }
+    }
+
+    #[test]
+    fn unpacked_rows_equal_the_dequantizer() {
+        for dtype in TYPES {
+            for cols in cols_for(dtype) {
+                let m = matrix(dtype, 3, cols, cols as u64);
+                let rb = m.len() / 3;
+                for r in 0..3 {
+                    let src = &m[r * rb..(r + 1) * rb];
+                    let got = unpacked_row(dtype, src, cols).unwrap();
+                    let mut want = vec![0f32; cols];
+                    damascus_quant::dequantize_row(dtype, src, &mut want).unwrap();
+                    for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "{dtype:?} cols {cols} row {r} [{i}]: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vnni_matches_scalar_twin_and_f32_math_on_awkward_shapes() {
+        let pool = ThreadPool::new(2);
+        for dtype in TYPES {
+            for cols in cols_for(dtype) {
+                for rows in [32usize, 96] {
+                    let m = matrix(dtype, rows, cols, (rows * 7 + cols) as u64);
+                    let w = WeightRef {
+                        dtype,
+                        bytes: &m,
+                        rows,
+                        cols,
+                    };
+                    assert_eq!(unsupported(&w), None);
+                    for n in [1usize, 3, 7, 33] {
+                        let xf = randn(n * cols, n as u64 + 5);
+                        let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
+                        let mut want = vec![0f32; n * rows];
+                        gemm_i8_ref(w, &x, &mut want).unwrap();
+                        let mut got = vec![0f32; n * rows];
+                        gemm_i8(w, &x, &mut got, Some(&pool)).unwrap();
+                        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                "{dtype:?} [{rows},{cols}] n={n} [{i}]: {a} vs twin {b}"
+                            );
+                        }
+                        // The twin against f32 math on the dequantized weights: within the
+                        // activations' q8 rounding.
+                        let rb = m.len() / rows;
+                        for r in 0..rows {
+                            let mut wr = vec![0f32; cols];
+                            damascus_quant::dequantize_row(
+                                dtype,
+                                &m[r * rb..(r + 1) * rb],
+                                &mut wr,
+                            )
+                            .unwrap();
+                            for t in 0..n {
+                                let xt = &xf[t * cols..(t + 1) * cols];
+                                let exact: f64 =
+                                    wr.iter().zip(xt).map(|(&a, &b)| f64::from(a * b)).sum();
+                                let mag: f64 = wr
+                                    .iter()
+                                    .zip(xt)
+                                    .map(|(&a, &b)| f64::from((a * b).abs()))
+                                    .sum();
+                                let got = f64::from(want[t * rows + r]);
+                                assert!(
+                                    (got - exact).abs() <= 0.01 * mag + 1e-4,
+                                    "{dtype:?} [{rows},{cols}] n={n} ({t},{r}): {got} vs {exact}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_run() {
+        let m = matrix(GgmlType::Q4_K, 16, 256, 1);
+        let w = WeightRef {
+            dtype: GgmlType::Q4_K,
+            bytes: &m,
+            rows: 16,
+            cols: 256,
+        };
+        assert!(unsupported(&w).unwrap().contains("multiple of 32"));
+        let x = QActs::new(&[0.0; 256], 1, 256, None).unwrap();
+        assert!(gemm_i8(w, &x, &mut [0.0; 16], None).is_err());
+        let w = WeightRef {
+            dtype: GgmlType::Q2_K,
+            bytes: &[],
+            rows: 32,
+            cols: 256,
+        };
+        assert!(unsupported(&w).is_some());
+        assert!(QActs::new(&[0.0; 30], 1, 30, None).is_err());
+    }
+}

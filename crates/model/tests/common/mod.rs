@@ -1,0 +1,40 @@
+//! Test helpers shared by the backend tests: synthetic models generated once per machine.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use damascus_convert::{NoProgress, Shape, SynthOptions, synth_model};
+use damascus_gguf::GgufFile;
+use damascus_quant::recipe::Mix;
+
+/// A path in the shared scratch directory for generated test models.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join("damascus-test-models");
+    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
+    dir.join(name)
+}
+
+/// `tiny-llama3` in `mix`, generated once per machine.
+pub fn tiny(mix: Mix, label: &str) -> Arc<GgufFile> {
+    // One generator per process (tests run on threads); a per-process temporary name keeps
+    // concurrent test binaries from writing the same file.
+    static GEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = GEN.lock().unwrap_or_else(|p| p.into_inner());
+    let path = scratch(&format!("tiny-llama3.{label}.gguf"));
+    if !path.exists() {
+        let tokenizer =
+            damascus_hub::llama3_tokenizer_json().expect("fetching the Llama 3 tokenizer");
+        let opts = SynthOptions {
+            shape: Shape::by_name("tiny-llama3").expect("tiny-llama3 shape"),
+            mix,
+            seed: damascus_convert::DEFAULT_SEED,
+            tokenizer: &tokenizer,
+            threads: damascus_convert::default_threads(),
+        };
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        synth_model(&opts, &tmp, &NoProgress).expect("synthesizing");
+        std::fs::rename(&tmp, &path).expect("moving the model into place");
+    }
+    Arc::new(GgufFile::open(&path).expect("opening the synthetic model"))
+}
