@@ -1,6 +1,6 @@
 //! Prefill GEMM throughput micro-benchmark (no criterion): GFLOP/s (2 · rows · k · tokens per
 //! call; GOP/s for the int8 path) per path, weight type and thread count, on Llama-3.2-3B
-//! shapes. The int8 path (`gemm::int8`, AVX-512 VNNI) is listed as `vnni-int8`.
+//! shapes. The int8 paths (`gemm::int8`) are listed as `vnni-int8` / `avx2-int8`.
 //!
 //! `cargo bench -p damascus-kernels --bench gemm -- [-t 1,2] [--types q4_k,q6_k]
 //!  [--tokens 512] [--reps 5] [--shapes 3072x3072,8192x3072,3072x8192]`
@@ -98,18 +98,25 @@ fn main() {
                         best * 1e3
                     );
                 }
-                if int8::is_available() && int8::unsupported(&w).is_none() {
+                for ip in int8::Int8Path::available() {
+                    if ip == int8::Int8Path::Scalar
+                        || !ip.supports(dt)
+                        || int8::unsupported(&w).is_some()
+                    {
+                        continue;
+                    }
                     let xq = int8::QActs::new(&x, tokens, k, Some(&pool)).expect("quantize x");
-                    int8::gemm_i8(w, &xq, &mut out, Some(&pool)).expect("gemm");
+                    int8::gemm_i8(ip, w, &xq, &mut out, Some(&pool)).expect("gemm");
                     let mut best = f64::MAX;
                     for _ in 0..reps {
                         let t0 = Instant::now();
-                        int8::gemm_i8(w, &xq, &mut out, Some(&pool)).expect("gemm");
+                        int8::gemm_i8(ip, w, &xq, &mut out, Some(&pool)).expect("gemm");
                         best = best.min(t0.elapsed().as_secs_f64());
                     }
                     let gops = 2.0 * (rows * k * tokens) as f64 / best / 1e9;
                     println!(
-                        "| vnni-int8 | {dt:?} | {rows}×{k} | {tokens} | {nt} | {:.1} | {gops:.0} |",
+                        "| {} | {dt:?} | {rows}×{k} | {tokens} | {nt} | {:.1} | {gops:.0} |",
+                        ip.name(),
                         best * 1e3
                     );
                 }

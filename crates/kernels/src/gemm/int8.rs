@@ -526,10 +526,176 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Panel, QActs, ROWS};
+
+    /// [`super::micro_scalar`] for `N` (1 or 2) tokens on AVX2: `vpmaddubsw` (u8 × i8 → i16
+    /// pairs) then `vpmaddwd` by ones (→ i32), 16 rows (`half` of the panel) per pass. The i16
+    /// pair sums cannot saturate for quants ≤ 63 (Q6_K and below; Q8_0's biased 255 could, so
+    /// it is not offered on this path).
+    ///
+    /// # Safety
+    /// AVX2 must be present; tokens `t0..t0 + N` and rows `r0..r0 + 32` inside `x` and `out`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn micro<const N: usize, const SQ: usize>(
+        p: &Panel,
+        x: &QActs,
+        t0: usize,
+        out: *mut f32,
+        r0: usize,
+        rows: usize,
+    ) {
+        let k = x.k;
+        let sz = 4 * SQ;
+        let nsub = k / sz;
+        let sums = x.sums(sz);
+        let ones = _mm256_set1_epi16(1);
+        let pq = p.q.as_ptr();
+        for half in 0..2 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; N];
+            for b in 0..nsub {
+                let mut dot = [[_mm256_setzero_si256(); 2]; N];
+                for qd in 0..SQ {
+                    let kq = b * SQ + qd;
+                    let at = kq * ROWS * 4 + half * 64;
+                    // SAFETY: kq < k / 4; the panel holds [k / 4][32][4] bytes.
+                    let (w0, w1) = unsafe {
+                        (
+                            _mm256_loadu_si256(pq.add(at).cast()),
+                            _mm256_loadu_si256(pq.add(at + 32).cast()),
+                        )
+                    };
+                    for (j, d) in dot.iter_mut().enumerate() {
+                        // SAFETY: token t0 + j < n_tokens, column 4 kq + 3 < k.
+                        let xv = unsafe {
+                            (x.q.as_ptr().add((t0 + j) * k + 4 * kq) as *const i32).read_unaligned()
+                        };
+                        let xb = _mm256_set1_epi32(xv);
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones);
+                        d[0] = _mm256_add_epi32(d[0], p0);
+                        d[1] = _mm256_add_epi32(d[1], p1);
+                    }
+                }
+                let o = b * ROWS + half * 16;
+                // SAFETY: b < k / S; the scales are [k / S][32] f32.
+                let (s0, s1, m0, m1) = unsafe {
+                    (
+                        _mm256_loadu_ps(p.s.as_ptr().add(o)),
+                        _mm256_loadu_ps(p.s.as_ptr().add(o + 8)),
+                        _mm256_loadu_ps(p.m.as_ptr().add(o)),
+                        _mm256_loadu_ps(p.m.as_ptr().add(o + 8)),
+                    )
+                };
+                for j in 0..N {
+                    let t = t0 + j;
+                    let dx = _mm256_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
+                    let xs = _mm256_set1_ps(sums[t * nsub + b]);
+                    let a = &mut acc[j];
+                    a[0] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j][0]), _mm256_mul_ps(s0, dx), a[0]);
+                    a[1] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j][1]), _mm256_mul_ps(s1, dx), a[1]);
+                    a[0] = _mm256_fnmadd_ps(m0, xs, a[0]);
+                    a[1] = _mm256_fnmadd_ps(m1, xs, a[1]);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                // SAFETY: row r0 + 31 < rows, token t0 + j < n_tokens.
+                unsafe {
+                    let o = out.add((t0 + j) * rows + r0 + half * 16);
+                    _mm256_storeu_ps(o, a[0]);
+                    _mm256_storeu_ps(o.add(8), a[1]);
+                }
+            }
+        }
+    }
+
+    /// Tokens `t0..t1` in calls of up to 2.
+    ///
+    /// # Safety
+    /// As [`micro`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tokens(
+        p: &Panel,
+        x: &QActs,
+        sz: usize,
+        t0: usize,
+        t1: usize,
+        out: *mut f32,
+        r0: usize,
+        rows: usize,
+    ) {
+        let mut t = t0;
+        while t < t1 {
+            let n = (t1 - t).min(2);
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match (n, sz) {
+                    (2, 16) => micro::<2, 4>(p, x, t, out, r0, rows),
+                    (2, _) => micro::<2, 8>(p, x, t, out, r0, rows),
+                    (_, 16) => micro::<1, 4>(p, x, t, out, r0, rows),
+                    _ => micro::<1, 8>(p, x, t, out, r0, rows),
+                }
+            }
+            t += n;
+        }
+    }
+}
+
+/// Which int8 micro-kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8Path {
+    /// The scalar twin's loop (any CPU; for tests).
+    Scalar,
+    /// `vpmaddubsw` + `vpmaddwd` on AVX2 (not for Q8_0).
+    Avx2,
+    /// `vpdpbusd` on AVX-512 VNNI.
+    Vnni,
+}
+
+impl Int8Path {
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        let f = crate::cpu::CpuFeatures::get();
+        let x86 = cfg!(target_arch = "x86_64");
+        match self {
+            Int8Path::Scalar => true,
+            Int8Path::Avx2 => x86 && f.avx2 && f.fma,
+            Int8Path::Vnni => x86 && f.avx512f && f.avx512bw && f.avx512vnni,
+        }
+    }
+
+    /// Every path this CPU can run.
+    pub fn available() -> Vec<Int8Path> {
+        [Int8Path::Scalar, Int8Path::Avx2, Int8Path::Vnni]
+            .into_iter()
+            .filter(|p| p.is_available())
+            .collect()
+    }
+
+    /// Whether the path multiplies `dtype` (AVX2's i16 pair sums would saturate on Q8_0).
+    pub fn supports(self, dtype: GgmlType) -> bool {
+        sub_block(dtype).is_some() && !(self == Int8Path::Avx2 && dtype == GgmlType::Q8_0)
+    }
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Int8Path::Scalar => "int8-scalar",
+            Int8Path::Avx2 => "avx2-int8",
+            Int8Path::Vnni => "vnni-int8",
+        }
+    }
+}
+
 /// Whether this CPU runs the VNNI micro-kernel.
 pub fn is_available() -> bool {
-    let f = crate::cpu::CpuFeatures::get();
-    cfg!(target_arch = "x86_64") && f.avx512f && f.avx512bw && f.avx512vnni
+    Int8Path::Vnni.is_available()
 }
 
 /// Scalar twin of [`gemm_i8`]: `out` `[n_tokens, rows]`.
@@ -562,15 +728,23 @@ fn check(w: &WeightRef<'_>, x: &QActs, out: &[f32]) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// `out = x · Wᵀ` (`out` `[n_tokens, rows]` f32) with the VNNI micro-kernel (the scalar twin
-/// where VNNI is missing), units of 32 rows × a token range split over `pool`.
+/// `out = x · Wᵀ` (`out` `[n_tokens, rows]` f32) on `path`, units of 32 rows × a token range
+/// split over `pool`.
 pub fn gemm_i8(
+    path: Int8Path,
     w: WeightRef<'_>,
     x: &QActs,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
     check(&w, x, out)?;
+    if !path.is_available() || !path.supports(w.dtype) {
+        return Err(KernelError::BadShape(format!(
+            "int8 gemm: {} cannot run {:?} on this CPU",
+            path.name(),
+            w.dtype
+        )));
+    }
     if x.n_tokens == 0 {
         return Ok(());
     }
@@ -582,7 +756,6 @@ pub fn gemm_i8(
     let n_units = n_rb * tc;
     let next = AtomicUsize::new(0);
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let vnni = is_available();
     let work = |_t: usize, _nt: usize| {
         let out_ptr = &out_ptr;
         let mut p = Panel::new(w.cols, sz);
@@ -599,11 +772,23 @@ pub fn gemm_i8(
             }
             let tr = split_range(x.n_tokens, 1, tcx, tc);
             #[cfg(target_arch = "x86_64")]
-            if vnni {
-                // SAFETY: VNNI checked; tokens tr ⊂ 0..n_tokens and rows rb*32..+32 ⊂
-                // 0..rows lie inside `out` (checked sizes); units own disjoint rectangles.
-                unsafe { vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows) };
-                continue;
+            match path {
+                Int8Path::Vnni => {
+                    // SAFETY: VNNI checked; tokens tr ⊂ 0..n_tokens and rows rb*32..+32 ⊂
+                    // 0..rows lie inside `out` (checked sizes); units own disjoint rectangles.
+                    unsafe {
+                        vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows)
+                    };
+                    continue;
+                }
+                Int8Path::Avx2 => {
+                    // SAFETY: AVX2 checked; as above.
+                    unsafe {
+                        avx2::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows)
+                    };
+                    continue;
+                }
+                Int8Path::Scalar => {}
             }
             // SAFETY: as above; this unit's rectangle is written by this thread only.
             unsafe { micro_scalar(&p, x, sz, tr.start, tr.len(), out_ptr.0, rb * ROWS, w.rows) };
@@ -684,7 +869,7 @@ mod tests {
     }
 
     #[test]
-    fn vnni_matches_scalar_twin_and_f32_math_on_awkward_shapes() {
+    fn simd_paths_match_scalar_twin_and_f32_math_on_awkward_shapes() {
         let pool = ThreadPool::new(2);
         for dtype in TYPES {
             for cols in cols_for(dtype) {
@@ -702,13 +887,19 @@ mod tests {
                         let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
                         let mut want = vec![0f32; n * rows];
                         gemm_i8_ref(w, &x, &mut want).unwrap();
-                        let mut got = vec![0f32; n * rows];
-                        gemm_i8(w, &x, &mut got, Some(&pool)).unwrap();
-                        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                                "{dtype:?} [{rows},{cols}] n={n} [{i}]: {a} vs twin {b}"
-                            );
+                        for path in Int8Path::available() {
+                            if !path.supports(dtype) {
+                                continue;
+                            }
+                            let mut got = vec![0f32; n * rows];
+                            gemm_i8(path, w, &x, &mut got, Some(&pool)).unwrap();
+                            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                                assert!(
+                                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                    "{} {dtype:?} [{rows},{cols}] n={n} [{i}]: {a} vs twin {b}",
+                                    path.name()
+                                );
+                            }
                         }
                         // The twin against f32 math on the dequantized weights: within the
                         // activations' q8 rounding.
@@ -754,7 +945,17 @@ mod tests {
         };
         assert!(unsupported(&w).unwrap().contains("multiple of 32"));
         let x = QActs::new(&[0.0; 256], 1, 256, None).unwrap();
-        assert!(gemm_i8(w, &x, &mut [0.0; 16], None).is_err());
+        assert!(gemm_i8(Int8Path::Scalar, w, &x, &mut [0.0; 16], None).is_err());
+        let m = matrix(GgmlType::Q8_0, 32, 32, 2);
+        let w = WeightRef {
+            dtype: GgmlType::Q8_0,
+            bytes: &m,
+            rows: 32,
+            cols: 32,
+        };
+        let x = QActs::new(&[0.5; 32], 1, 32, None).unwrap();
+        let r = gemm_i8(Int8Path::Avx2, w, &x, &mut [0.0; 32], None);
+        assert!(r.is_err(), "AVX2 must refuse Q8_0 (i16 saturation)");
         let w = WeightRef {
             dtype: GgmlType::Q2_K,
             bytes: &[],

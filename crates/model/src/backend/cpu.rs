@@ -54,9 +54,10 @@ pub struct CpuBackend {
     kern: &'static DotKernels,
     /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
     gemm: Option<GemmPath>,
-    /// Prompts multiply in int8 (`gemm::int8`, VNNI without AMX) where the weight type allows;
-    /// `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel f32 GEMM.
-    int8: bool,
+    /// Prompts multiply in int8 (`gemm::int8`: VNNI, or AVX2 `vpmaddubsw`, on CPUs without
+    /// AMX) where the weight type allows; `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel
+    /// f32 GEMM.
+    int8: Option<gemm::int8::Int8Path>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -79,10 +80,16 @@ impl CpuBackend {
             // The chosen level, not the dot table's (AMX shares the VNNI dot products).
             .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
             .filter(|p| p.is_available());
-        let int8 = gemm == Some(GemmPath::Avx512)
-            && kern.isa() == Isa::Vnni
-            && gemm::int8::is_available()
-            && std::env::var("DAMASCUS_GEMM_INT8").map_or(true, |v| v.trim() != "0");
+        let int8_off = std::env::var("DAMASCUS_GEMM_INT8").is_ok_and(|v| v.trim() == "0");
+        let int8 = match (gemm, kern.isa()) {
+            (_, _) if int8_off => None,
+            (Some(GemmPath::Avx512), Isa::Vnni) => Some(gemm::int8::Int8Path::Vnni),
+            (Some(GemmPath::Avx512 | GemmPath::Avx2), Isa::Avx512 | Isa::Avx2) => {
+                Some(gemm::int8::Int8Path::Avx2)
+            }
+            _ => None,
+        }
+        .filter(|p| p.is_available());
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
@@ -610,7 +617,9 @@ impl CpuBackend {
                 rows: w.rows,
                 cols: w.cols,
             };
-            if self.int8 && gemm::int8::unsupported(&wr).is_none() {
+            if let Some(i8path) = self.int8.filter(|p| p.supports(w.dtype))
+                && gemm::int8::unsupported(&wr).is_none()
+            {
                 let xq = match &mut xq {
                     Some(q) => q,
                     slot @ None => slot.insert(
@@ -618,7 +627,7 @@ impl CpuBackend {
                             .map_err(|e| kernel_err("int8 gemm input", e))?,
                     ),
                 };
-                gemm::int8::gemm_i8(wr, xq, &mut o.data, Some(&self.pool))
+                gemm::int8::gemm_i8(i8path, wr, xq, &mut o.data, Some(&self.pool))
                     .map_err(|e| kernel_err(w.tensor.name(), e))?;
                 continue;
             }
