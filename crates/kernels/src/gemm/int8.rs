@@ -123,10 +123,19 @@ impl QActs {
                 let db = amax / 127.0;
                 let id = if db > 0.0 { 1.0 / db } else { 0.0 };
                 let mut sums = [0i32; 2];
-                for (i, &v) in blk.iter().enumerate() {
-                    let qi = (v * id).round().clamp(-127.0, 127.0) as i32;
-                    q[32 * b + i] = qi as i8;
-                    sums[i / 16] += qi;
+                let dst: &mut [i8; 32] = (&mut q[32 * b..][..32]).try_into().expect("32");
+                for (h, (o, xs)) in dst
+                    .chunks_exact_mut(16)
+                    .zip(blk.chunks_exact(16))
+                    .enumerate()
+                {
+                    for (o, &v) in o.iter_mut().zip(xs) {
+                        // Round to nearest even by the 1.5 · 2^23 trick (|v · id| ≤ 127), so
+                        // the loop vectorizes without SSE4.1's roundps.
+                        let qi = ((v * id + 12_582_912.0) - 12_582_912.0) as i32;
+                        *o = qi as i8;
+                        sums[h] += qi;
+                    }
                 }
                 d[b] = db;
                 s16[2 * b] = db * sums[0] as f32;
@@ -271,14 +280,18 @@ fn unpack_row(dtype: GgmlType, src: &[u8], q: &mut [u8], s: &mut [f32], m: &mut 
                     };
                     s[8 * sb + j] = d * f32::from(scv);
                     m[8 * sb + j] = dmin * f32::from(mv);
-                    let qsj = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+                    let qsj: &[u8; 32] = qs[32 * (j / 2)..][..32].try_into().expect("32 bytes");
+                    let dst: &mut [u8; 32] = (&mut q[256 * sb + 32 * j..][..32])
+                        .try_into()
+                        .expect("32 bytes");
                     let shift = 4 * (j % 2);
-                    for l in 0..32 {
-                        let mut v = (qsj[l] >> shift) & 0xF;
-                        if let Some(qh) = qh {
-                            v |= ((qh[l] >> j) & 1) << 4;
+                    for (o, &b) in dst.iter_mut().zip(qsj) {
+                        *o = (b >> shift) & 0xF;
+                    }
+                    if let Some(qh) = qh {
+                        for (o, &hb) in dst.iter_mut().zip(qh) {
+                            *o |= ((hb >> j) & 1) << 4;
                         }
-                        q[256 * sb + 32 * j + l] = v;
                     }
                 }
             }
@@ -322,8 +335,8 @@ pub fn unpacked_row(dtype: GgmlType, src: &[u8], k: usize) -> Option<Vec<f32>> {
 
 /// The 32 rows `r0..r0 + 32` of `w` as the micro-kernel reads them.
 struct Panel {
-    /// `[k / 4][32][4]` u8.
-    q: Vec<u8>,
+    /// `[k / 4][32]` quads of 4 u8 (little-endian u32), i.e. `[k / 4][32][4]` bytes.
+    q: Vec<u32>,
     /// `[k / S][32]` scales.
     s: Vec<f32>,
     /// `[k / S][32]` offsets.
@@ -337,7 +350,7 @@ struct Panel {
 impl Panel {
     fn new(k: usize, sz: usize) -> Panel {
         Panel {
-            q: vec![0; k * ROWS],
+            q: vec![0; k / 4 * ROWS],
             s: vec![0.0; k / sz * ROWS],
             m: vec![0.0; k / sz * ROWS],
             row_q: vec![0; k],
@@ -357,8 +370,9 @@ impl Panel {
                 &mut self.row_s,
                 &mut self.row_m,
             );
-            for (kq, quad) in self.row_q.chunks_exact(4).enumerate() {
-                self.q[(kq * ROWS + r) * 4..(kq * ROWS + r) * 4 + 4].copy_from_slice(quad);
+            let col = self.q.iter_mut().skip(r).step_by(ROWS);
+            for (dst, quad) in col.zip(self.row_q.chunks_exact(4)) {
+                *dst = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
             }
             for (b, (&s, &m)) in self.row_s.iter().zip(&self.row_m).enumerate() {
                 self.s[b * ROWS + r] = s;
@@ -395,7 +409,8 @@ unsafe fn micro_scalar(
             for b in 0..k / sz {
                 let mut dot = 0i32;
                 for (i, &xv) in xq.iter().enumerate().skip(b * sz).take(sz) {
-                    dot += i32::from(p.q[(i / 4 * ROWS + r) * 4 + i % 4]) * i32::from(xv);
+                    let quad = p.q[i / 4 * ROWS + r].to_le_bytes();
+                    dot += i32::from(quad[i % 4]) * i32::from(xv);
                 }
                 let dx = x.d[t * (k / 32) + b * sz / 32];
                 acc = (dot as f32).mul_add(p.s[b * ROWS + r] * dx, acc);
@@ -433,7 +448,7 @@ mod vnni {
         let nsub = k / sz;
         let sums = x.sums(sz);
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        let pq = p.q.as_ptr();
+        let pq = p.q.as_ptr().cast::<u8>();
         for b in 0..nsub {
             let mut dot = [[_mm512_setzero_si512(); 2]; N];
             for qd in 0..SQ {
@@ -553,7 +568,7 @@ mod avx2 {
         let nsub = k / sz;
         let sums = x.sums(sz);
         let ones = _mm256_set1_epi16(1);
-        let pq = p.q.as_ptr();
+        let pq = p.q.as_ptr().cast::<u8>();
         for half in 0..2 {
             let mut acc = [[_mm256_setzero_ps(); 2]; N];
             for b in 0..nsub {
