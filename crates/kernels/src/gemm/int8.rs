@@ -708,11 +708,6 @@ impl Int8Path {
     }
 }
 
-/// Whether this CPU runs the VNNI micro-kernel.
-pub fn is_available() -> bool {
-    Int8Path::Vnni.is_available()
-}
-
 /// Scalar twin of [`gemm_i8`]: `out` `[n_tokens, rows]`.
 pub fn gemm_i8_ref(w: WeightRef<'_>, x: &QActs, out: &mut [f32]) -> Result<(), KernelError> {
     check(&w, x, out)?;
@@ -819,6 +814,7 @@ pub fn gemm_i8(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
 
     const TYPES: [GgmlType; 8] = [
         GgmlType::Q4_K,
@@ -830,28 +826,6 @@ mod tests {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
     ];
-
-    fn randn(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    fn matrix(dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let x = randn(rows * cols, seed);
-        let rb = dtype.row_bytes(cols as u64).unwrap() as usize;
-        let mut out = vec![0u8; rows * rb];
-        for (r, dst) in out.chunks_exact_mut(rb).enumerate() {
-            damascus_quant::quantize_row(dtype, &x[r * cols..(r + 1) * cols], dst).unwrap();
-        }
-        out
-    }
 
     fn cols_for(dtype: GgmlType) -> [usize; 2] {
         if dtype.block_size() == 256 {

@@ -8,7 +8,7 @@ use super::*;
 use crate::pool::ThreadPool;
 
 /// Deterministic pseudo-random f32 in [-1, 1).
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -20,7 +20,8 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn quantized(dtype: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+/// `rows` random rows of `k` quantized to `dtype`.
+pub(super) fn quantized(dtype: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     let src = rand_vec(rows * k, seed);
     let rb = k / dtype.block_size() * dtype.type_size();
     let mut out = vec![0u8; rows * rb];
