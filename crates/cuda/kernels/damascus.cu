@@ -793,3 +793,56 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
 
 INSTANTIATE_ATTN(64)
 INSTANTIATE_ATTN(128)
+
+// ---------------------------------------------------------------------------------------
+// Greedy pick on the device.
+
+// out[r] = index of the largest x[r, :] (x [n_rows, width]); NaN counts as -inf, +inf as
+// FLT_MAX, ties go to the lowest index (the host sampler's greedy order). One block per row.
+#define ARGMAX_THREADS 1024
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    const float* row = x + (u64)blockIdx.x * width;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = row[i];
+        v = v != v ? -INFINITY : fminf(v, 3.402823466e38f);
+        if (argmax_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL, bv, o);
+        int oi = __shfl_xor_sync(FULL, bi, o);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(FULL, bv, o);
+            int oi = __shfl_xor_sync(FULL, bi, o);
+            if (argmax_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    }
+}

@@ -22,11 +22,16 @@ use cudarc::driver::{result, sys};
 use crate::error::CudaError;
 use crate::layout::{self, Format, Packed};
 
-/// The kernel source, compiled at run time for the device's architecture.
-pub const SOURCE: &str = include_str!("../kernels/damascus.cu");
+/// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
+/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers).
+pub const SOURCE: &str = concat!(
+    include_str!("../kernels/damascus.cu"),
+    include_str!("../kernels/mmq.cu")
+);
 
 /// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
-/// dequantized to bf16 once, on first use); shorter ones use the dp4a GEMVs.
+/// dequantized to bf16 once, on first use), or with `DAMASCUS_CUDA_MMQ=1` through the int8
+/// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
 /// Positions per attention split (the kernel's `ATT_CHUNK`).
@@ -68,6 +73,12 @@ const KERNELS: &[&str] = &[
     "attn_split_128",
     "attn_combine_128",
     "attn_prefill_128",
+    "mmq_q4k",
+    "mmq_q41",
+    "mmq_q80",
+    "mmq_q50",
+    "mmq_q6k",
+    "argmax_rows",
 ];
 
 /// `gemv_<format>` and `dequant_<format>`, indexed by `Format as usize` (the kernel's `FMT_*`).
@@ -82,6 +93,22 @@ const DEQUANT: [&str; 6] = [
     "dequant_q6k",
     "dequant_f16",
 ];
+
+/// `mmq_<format>` (int8 tensor-core prompt matmul on the quantized weights), indexed like
+/// `GEMV`; f16 has none.
+const MMQ: [Option<&str>; 6] = [
+    Some("mmq_q4k"),
+    Some("mmq_q41"),
+    Some("mmq_q80"),
+    Some("mmq_q50"),
+    Some("mmq_q6k"),
+    None,
+];
+/// Weight rows and tokens of one MMQ block's output tile (the kernel's `MMQ_ROWS`, `MMQ_TOK`).
+const MMQ_ROWS: usize = 64;
+const MMQ_TOK: usize = 64;
+/// Threads of an MMQ block (the kernel's `MMQ_THREADS`).
+const MMQ_THREADS: u32 = 128;
 
 fn call<E: std::fmt::Display>(op: &str) -> impl FnOnce(E) -> CudaError + '_ {
     move |e| CudaError::call(op, e)
@@ -231,6 +258,8 @@ struct Recorder {
     inputs_host: Vec<u32>,
     inputs_dirty: bool,
     inputs: DevBuf,
+    /// `[rows]` u32: where `argmax` writes its picks (grown on demand).
+    picks: Option<DevBuf>,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
     graphs: HashMap<u64, Graph>,
@@ -246,6 +275,9 @@ pub struct Gpu {
     blas: CudaBlas,
     rec: Mutex<Recorder>,
     graphs_enabled: AtomicBool,
+    /// `DAMASCUS_CUDA_MMQ=1`: prompt matmuls run the int8 MMQ kernels on the quantized weights
+    /// instead of cuBLAS on a bf16 copy (where the format has one and the shape fits).
+    mmq_enabled: AtomicBool,
     /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
@@ -440,6 +472,7 @@ impl Gpu {
         let profile = std::env::var("DAMASCUS_CUDA_PROFILE").is_ok_and(|v| v != "0");
         let graphs_enabled =
             !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        let mmq_enabled = std::env::var("DAMASCUS_CUDA_MMQ").is_ok_and(|v| v == "1");
         Ok(Arc::new(Gpu {
             _ctx: ctx,
             stream,
@@ -452,10 +485,12 @@ impl Gpu {
                 inputs_host: Vec::new(),
                 inputs_dirty: false,
                 inputs,
+                picks: None,
                 flushed_mid: false,
                 graphs: HashMap::new(),
             }),
             graphs_enabled: AtomicBool::new(graphs_enabled),
+            mmq_enabled: AtomicBool::new(mmq_enabled),
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,
@@ -656,6 +691,11 @@ impl Gpu {
         self.graphs_enabled.store(on, Ordering::Relaxed);
     }
 
+    /// Turns the int8 MMQ prompt matmuls on or off (`DAMASCUS_CUDA_MMQ=1` starts with them on).
+    pub fn set_mmq(&self, on: bool) {
+        self.mmq_enabled.store(on, Ordering::Relaxed);
+    }
+
     /// Ends a forward pass: runs what was recorded (as a graph when it can).
     pub fn end(&self) -> Result<(), CudaError> {
         let mut r = self.rec();
@@ -839,6 +879,39 @@ impl Gpu {
         Ok(out)
     }
 
+    /// The index of the largest value of every row of `x` `[n, width]` (NaN never wins, ties
+    /// go to the lowest index), computed on the device: only `n` ids come back.
+    pub fn argmax(&self, x: &DevAct) -> Result<Vec<u32>, CudaError> {
+        if x.n == 0 || x.width == 0 || i32::try_from(x.width).is_err() {
+            return Err(CudaError::Shape(format!(
+                "argmax of [{}, {}]",
+                x.n, x.width
+            )));
+        }
+        let mut r = self.rec();
+        if r.picks.as_ref().is_none_or(|b| b.len < 4 * x.n) {
+            r.picks = Some(self.alloc(4 * x.n.next_power_of_two())?);
+        }
+        let picks = r.picks.as_ref().map_or(0, |b| b.ptr);
+        drop(r);
+        self.push(
+            "argmax_rows",
+            [x.n as u32, 1, 1],
+            [1024, 1, 1],
+            &[x.x.ptr, x.width as u64, picks],
+        );
+        let mut r = self.rec();
+        self.flush(&mut r, false)?;
+        drop(r);
+        let mut out = vec![0u32; x.n];
+        // SAFETY: `picks` holds at least `n` u32; the stream is synchronized before `out` is
+        // read.
+        unsafe { result::memcpy_dtoh_async(&mut out, picks, self.stream.cu_stream()) }
+            .map_err(call("reading the picks back"))?;
+        self.stream.synchronize().map_err(call("synchronizing"))?;
+        Ok(out)
+    }
+
     /// Waits for everything recorded so far.
     pub fn sync(&self) -> Result<(), CudaError> {
         let mut r = self.rec();
@@ -980,16 +1053,27 @@ impl Gpu {
             out.q_fresh.store(false, Ordering::Relaxed);
         }
         if let Some(xbf) = &x.bf {
-            let n = x.n * x.width;
-            self.push(
-                "to_bf16",
-                [div_ceil_u32(n, 256), 1, 1],
-                [256, 1, 1],
-                &[x.x.ptr, xbf.ptr, n as u64],
-            );
-            return pairs
-                .iter()
-                .try_for_each(|(w, out)| self.gemm(w, x, xbf, out, acc));
+            let on = self.mmq_enabled.load(Ordering::Relaxed);
+            let mmq = |w: &DevMatrix| Self::mmq_kernel(w, x).filter(|_| on);
+            if pairs.iter().any(|(w, _)| mmq(w).is_some()) {
+                self.ensure_q8(x)?;
+            }
+            if pairs.iter().any(|(w, _)| mmq(w).is_none()) {
+                let n = x.n * x.width;
+                self.push(
+                    "to_bf16",
+                    [div_ceil_u32(n, 256), 1, 1],
+                    [256, 1, 1],
+                    &[x.x.ptr, xbf.ptr, n as u64],
+                );
+            }
+            return pairs.iter().try_for_each(|(w, out)| match mmq(w) {
+                Some(kernel) => {
+                    self.push_mmq(kernel, w, x, out, acc);
+                    Ok(())
+                }
+                None => self.gemm(w, x, xbf, out, acc),
+            });
         }
         if pairs.iter().any(|(w, _)| w.format != Format::F16) {
             self.ensure_q8(x)?;
@@ -1026,6 +1110,71 @@ impl Gpu {
             );
         }
         Ok(())
+    }
+
+    /// `out (+)= x · Wᵀ` through the int8 MMQ kernel, for any token count (tests and
+    /// benchmarks; prompt matmuls take it under `DAMASCUS_CUDA_MMQ=1`). A [`CudaError::Shape`]
+    /// when `w`'s format has no MMQ kernel (f16) or its rows are not a multiple of 32.
+    pub fn matmul_mmq(
+        &self,
+        w: &DevMatrix,
+        x: &DevAct,
+        out: &DevAct,
+        acc: bool,
+    ) -> Result<(), CudaError> {
+        if x.width != w.cols || out.width != w.rows || x.n != out.n {
+            return Err(CudaError::Shape(format!(
+                "matmul_mmq: [{}, {}] · [{}, {}]ᵀ into [{}, {}]",
+                x.n, x.width, w.rows, w.cols, out.n, out.width
+            )));
+        }
+        let kernel = Self::mmq_kernel(w, x).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "matmul_mmq: no MMQ kernel for {:?} [{}, {}] (needs a quantized format and \
+                 rows a multiple of 32)",
+                w.format, w.rows, w.cols
+            ))
+        })?;
+        self.ensure_q8(x)?;
+        out.q_fresh.store(false, Ordering::Relaxed);
+        self.push_mmq(kernel, w, x, out, acc);
+        Ok(())
+    }
+
+    /// The MMQ kernel that takes `x · Wᵀ`, if one does: a format with one, rows a multiple of
+    /// 32, x with a q8 shadow, and at most 65535 token tiles (the grid's y).
+    fn mmq_kernel(w: &DevMatrix, x: &DevAct) -> Option<&'static str> {
+        let kernel = MMQ[w.format as usize]?;
+        (w.rows.is_multiple_of(32) && x.q.is_some() && x.n.div_ceil(MMQ_TOK) <= 65535)
+            .then_some(kernel)
+    }
+
+    /// Records `kernel` (from [`Gpu::mmq_kernel`]): out `[n, rows]` f32 (+)= x's q8 shadow
+    /// (`[n, cols]` int8, `[n, cols / 32]` float2) · Wᵀ. The caller checked the shapes and made
+    /// the shadow current.
+    fn push_mmq(&self, kernel: &str, w: &DevMatrix, x: &DevAct, out: &DevAct, acc: bool) {
+        let (q, ds) = x.q.as_ref().map_or((0, 0), |(q, d)| (q.ptr, d.ptr));
+        self.push(
+            kernel,
+            [
+                div_ceil_u32(w.rows, MMQ_ROWS),
+                div_ceil_u32(x.n, MMQ_TOK),
+                1,
+            ],
+            [MMQ_THREADS, 1, 1],
+            &[
+                w.buf.ptr,
+                w.off1,
+                w.off2,
+                w.rows as u64,
+                w.cols as u64,
+                q,
+                ds,
+                out.x.ptr,
+                x.n as u64,
+                u64::from(acc),
+            ],
+        );
     }
 
     /// `out (+)= x · Wᵀ` through cuBLAS; `xbf` already holds x in bf16.

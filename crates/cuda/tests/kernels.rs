@@ -516,3 +516,236 @@ fn fused_rope_attention_matches_rope_then_attention() {
         }
     }
 }
+
+/// The host greedy pick the sampler makes: NaN never wins, `+inf` as `f32::MAX`, ties to the
+/// lowest index.
+fn host_argmax(row: &[f32]) -> u32 {
+    let mut best = (f32::NEG_INFINITY, 0usize);
+    for (i, &v) in row.iter().enumerate() {
+        let v = if v.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            v.min(f32::MAX)
+        };
+        if v > best.0 {
+            best = (v, i);
+        }
+    }
+    best.1 as u32
+}
+
+#[test]
+fn argmax_matches_host_pick_with_ties_nans_and_infinities() {
+    let Some(g) = gpu() else { return };
+    for (n, width) in [
+        (1usize, 1usize),
+        (1, 3),
+        (3, 33),
+        (2, 1023),
+        (7, 1025),
+        (1, 128_256),
+    ] {
+        let mut x = randn(n * width, (n * 31 + width) as u64);
+        // Awkward rows: a tie between two positions, NaNs around the maximum, all -inf,
+        // +inf twice, all NaN.
+        for (r, row) in x.chunks_exact_mut(width).enumerate() {
+            match r % 6 {
+                1 if width > 2 => {
+                    row[width - 1] = 5.0;
+                    row[width / 2] = 5.0;
+                }
+                2 => {
+                    row.iter_mut().step_by(2).for_each(|v| *v = f32::NAN);
+                }
+                3 => row.fill(f32::NEG_INFINITY),
+                4 if width > 1 => {
+                    row[width - 1] = f32::INFINITY;
+                    row[1] = f32::INFINITY;
+                }
+                5 => row.fill(f32::NAN),
+                _ => {}
+            }
+        }
+        let a = g.act(n, width).unwrap();
+        g.write(&a, &x).unwrap();
+        let got = g.argmax(&a).unwrap();
+        let want: Vec<u32> = x.chunks_exact(width).map(host_argmax).collect();
+        assert_eq!(got, want, "[{n}, {width}]");
+    }
+}
+
+/// `x · Wᵀ` in f64 from the host dequantization, per entry `(value, q8 tolerance, sum |w x|)`:
+/// the tolerance covers the q8 rounding of x (the MMQ kernels read the same q8 shadow as the
+/// GEMVs) and f32 accumulation.
+fn host_matmul(w: &[Vec<f32>], x: &[f32], n: usize) -> Vec<(f64, f64, f64)> {
+    let cols = x.len() / n;
+    let mut out = Vec::with_capacity(n * w.len());
+    for xt in x.chunks_exact(cols) {
+        for wr in w {
+            let (dot, mag) = wr.iter().zip(xt).fold((0.0, 0.0), |(d, m), (&a, &b)| {
+                let p = f64::from(a) * f64::from(b);
+                (d + p, m + p.abs())
+            });
+            out.push((dot, q8_bound(wr, xt) + mag * 1e-5 + 1e-5, mag));
+        }
+    }
+    out
+}
+
+#[test]
+fn mmq_matches_host_dot_products() {
+    let Some(g) = gpu() else { return };
+    // Rows: half a 64-row tile, one and a half, three. Tokens: tails of the 64-token tile on
+    // either side. Columns: one and three K-quant super-blocks; 800 ends the 32-block formats
+    // in a partial 256-column stage.
+    for dtype in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+    ] {
+        let col_set: &[usize] = if dtype.block_size() == 256 {
+            &[256, 768]
+        } else {
+            &[256, 800]
+        };
+        for &cols in col_set {
+            for rows in [32usize, 96, 192] {
+                let src = quantized(dtype, rows, cols, 13 * rows as u64 + cols as u64);
+                let p = layout::pack(dtype, &src, rows, cols).unwrap();
+                let m = g.upload_packed(&p).unwrap();
+                let w: Vec<Vec<f32>> = (0..rows).map(|r| layout::dequant_row(&p, r)).collect();
+                for n in [1usize, 3, 7, 33, 100, 130] {
+                    let x = randn(n * cols, 3 * n as u64 + cols as u64);
+                    let want = host_matmul(&w, &x, n);
+                    let xa = g.act(n, cols).unwrap();
+                    let out = g.act(n, rows).unwrap();
+                    g.write(&xa, &x).unwrap();
+                    g.begin(n, 0).unwrap();
+                    g.matmul_mmq(&m, &xa, &out, false).unwrap();
+                    g.end().unwrap();
+                    let got = g.read(&out).unwrap();
+                    // acc = true adds into what out holds.
+                    let base = randn(n * rows, 77 + n as u64);
+                    g.write(&out, &base).unwrap();
+                    g.begin(n, 0).unwrap();
+                    g.matmul_mmq(&m, &xa, &out, true).unwrap();
+                    g.end().unwrap();
+                    let got_acc = g.read(&out).unwrap();
+                    for (i, &(wv, tol, _)) in want.iter().enumerate() {
+                        let (t, r) = (i / rows, i % rows);
+                        let gv = f64::from(got[i]);
+                        assert!(
+                            (gv - wv).abs() <= tol,
+                            "{dtype:?} [{rows},{cols}] n={n} t={t} r={r}: mmq {gv} host {wv} (tol {tol})"
+                        );
+                        let ga = f64::from(got_acc[i]);
+                        let wa = wv + f64::from(base[i]);
+                        assert!(
+                            (ga - wa).abs() <= tol + 1e-6 * wa.abs(),
+                            "{dtype:?} [{rows},{cols}] n={n} t={t} r={r} acc: mmq {ga} host {wa}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mmq_rejects_what_it_cannot_take() {
+    let Some(g) = gpu() else { return };
+    let x = g.act(3, 256).unwrap();
+    // f16 fallback weights: no MMQ kernel.
+    let f = g
+        .upload_matrix(GgmlType::F32, &vec![0u8; 32 * 256 * 4], 32, 256)
+        .unwrap();
+    let out = g.act(3, 32).unwrap();
+    assert!(matches!(
+        g.matmul_mmq(&f, &x, &out, false),
+        Err(CudaError::Shape(_))
+    ));
+    // Rows not a multiple of 32.
+    let q = quantized(GgmlType::Q8_0, 33, 256, 1);
+    let m = g.upload_matrix(GgmlType::Q8_0, &q, 33, 256).unwrap();
+    let out = g.act(3, 33).unwrap();
+    assert!(matches!(
+        g.matmul_mmq(&m, &x, &out, false),
+        Err(CudaError::Shape(_))
+    ));
+}
+
+#[test]
+fn mmq_switch_routes_prompt_matmuls() {
+    // A device of its own: the switch is per `Gpu`, and the other tests' prompt matmuls must
+    // stay on cuBLAS while this one runs.
+    if gpu().is_none() {
+        return;
+    }
+    let g = Gpu::open(0).unwrap();
+    g.set_mmq(true);
+    // One fused call with the residual add: Q4_K [64, _] goes through MMQ; the f16 fallback
+    // (Q5_K) and Q4_K with 48 rows (not a multiple of 32) through cuBLAS.
+    let (n, cols) = (33usize, 512usize);
+    let specs = [
+        (GgmlType::Q4_K, 64usize, true),
+        (GgmlType::Q5_K, 32, false),
+        (GgmlType::Q4_K, 48, false),
+    ];
+    let mats: Vec<_> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, rows, _))| {
+            let src = quantized(t, rows, cols, 90 + i as u64);
+            let p = layout::pack(t, &src, rows, cols).unwrap();
+            let w: Vec<Vec<f32>> = (0..rows).map(|r| layout::dequant_row(&p, r)).collect();
+            (g.upload_packed(&p).unwrap(), w, p.bytes.len())
+        })
+        .collect();
+    let x = randn(n * cols, 5);
+    let xa = g.act(n, cols).unwrap();
+    g.write(&xa, &x).unwrap();
+    let outs: Vec<_> = mats
+        .iter()
+        .map(|(m, ..)| g.act(n, m.rows).unwrap())
+        .collect();
+    let bases: Vec<Vec<f32>> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let b = randn(n * o.width, 60 + i as u64);
+            g.write(o, &b).unwrap();
+            b
+        })
+        .collect();
+    let pairs: Vec<_> = mats.iter().zip(&outs).map(|((m, ..), o)| (m, o)).collect();
+    g.begin(n, 0).unwrap();
+    g.matmuls(&xa, &pairs, true).unwrap();
+    g.end().unwrap();
+    for (((m, w, packed), o), (base, &(_, _, mmq))) in
+        mats.iter().zip(&outs).zip(bases.iter().zip(&specs))
+    {
+        // cuBLAS made (and kept) a bf16 copy of its weights; MMQ did not.
+        assert_eq!(
+            m.device_bytes() == *packed,
+            mmq,
+            "{:?} [{}, {cols}]: {} device bytes for {packed} packed",
+            m.format,
+            m.rows,
+            m.device_bytes()
+        );
+        let got = g.read(o).unwrap();
+        for (j, (&gv, &(wv, q8_tol, mag))) in got.iter().zip(&host_matmul(w, &x, n)).enumerate() {
+            let wv = wv + f64::from(base[j]);
+            // cuBLAS multiplies bf16 operands: 2^-8 relative each.
+            let tol = if mmq { q8_tol } else { mag * 8e-3 + 1e-5 };
+            assert!(
+                (f64::from(gv) - wv).abs() <= tol + 1e-6 * wv.abs(),
+                "{:?} [{}, {cols}] j={j}: gpu {gv} host {wv} (tol {tol})",
+                m.format,
+                m.rows
+            );
+        }
+    }
+}

@@ -101,9 +101,9 @@ pub fn attn_prefill_f16(
     };
     let work = |_t: usize, _nt: usize| {
         let out_ptr = &out_ptr;
-        let n_vis_max = (pos0 + n_tokens).div_ceil(KB) * KB;
-        let mut kt = vec![0f32; n_vis_max * hd]; // [n_vis / KB][hd][KB] f32 keys, transposed per block
-        let mut vb = vec![0f32; n_vis_max * hd]; // [n_vis][hd] f32 values
+        let mut kt = vec![0f32; KB * hd]; // [hd][KB] f32 keys of one block, transposed
+        let mut vb = vec![0f32; KB * hd]; // [KB][hd] f32 values of one block
+        let mut st = Vec::new(); // per query of a unit: [hd] q, [hd] acc, m, l
         loop {
             // Later query blocks see more keys: hand them out first for balance.
             let u = next.fetch_add(1, Ordering::Relaxed);
@@ -118,8 +118,8 @@ pub fn attn_prefill_f16(
                 out: out_ptr,
             };
             match hd {
-                64 => run_unit::<64>(&unit, &mut kt, &mut vb),
-                _ => run_unit::<128>(&unit, &mut kt, &mut vb),
+                64 => run_unit::<64>(&unit, &mut kt, &mut vb, &mut st),
+                _ => run_unit::<128>(&unit, &mut kt, &mut vb, &mut st),
             }
         }
     };
@@ -154,19 +154,68 @@ unsafe impl Sync for OutPtr {}
 // SAFETY: as above.
 unsafe impl Send for OutPtr {}
 
-fn run_unit<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32]) {
+fn run_unit<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32], st: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::CpuFeatures::get().avx512f {
         // SAFETY: AVX-512F (and with it F16C) is present.
-        return unsafe { unit_avx512::<HD>(u, kt, vb) };
+        return unsafe { unit_avx512::<HD>(u, kt, vb, st) };
     }
-    unit_body::<HD>(u, kt, vb, widen_scalar);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = crate::cpu::CpuFeatures::get();
+        if f.avx2 && f.fma && f.f16c {
+            // SAFETY: AVX2, FMA and F16C are present.
+            return unsafe { unit_avx2::<HD>(u, kt, vb, st) };
+        }
+    }
+    unit_body::<HD>(u, kt, vb, st, widen_scalar);
+}
+
+/// The same body compiled for AVX2 + FMA (CPUs without AVX-512).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unit_avx2<const HD: usize>(
+    u: &Unit<'_>,
+    kt: &mut [f32],
+    vb: &mut [f32],
+    st: &mut Vec<f32>,
+) {
+    unit_body::<HD>(u, kt, vb, st, widen_f16c);
+}
+
+/// [`widen_scalar`] with the 256-bit `vcvtph2ps`; only handed out by [`run_unit`] after
+/// detecting F16C.
+#[cfg(target_arch = "x86_64")]
+fn widen_f16c(src: &[u16], dst: &mut [f32]) {
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn imp(src: &[u16], dst: &mut [f32]) {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+        let n = src.len().min(dst.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n8 <= both lengths.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        widen_scalar(&src[n8..n], &mut dst[n8..n]);
+    }
+    // SAFETY: only reachable through `unit_avx2`, entered after detecting F16C.
+    unsafe { imp(src, dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn unit_avx512<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32]) {
-    unit_body::<HD>(u, kt, vb, widen_avx512);
+unsafe fn unit_avx512<const HD: usize>(
+    u: &Unit<'_>,
+    kt: &mut [f32],
+    vb: &mut [f32],
+    st: &mut Vec<f32>,
+) {
+    unit_body::<HD>(u, kt, vb, st, widen_avx512);
 }
 
 /// `dst[i] = f32(src[i])`.
@@ -213,11 +262,15 @@ fn exp_neg(x: f32) -> f32 {
     f32::from_bits(((n as i32 + 127) as u32) << 23) * p
 }
 
+/// One unit: key blocks outer, the unit's queries inner, so each widened block of [`KB`] keys
+/// and values (2 × `KB × HD` f32, L1-resident) meets every query of the unit before the next
+/// is read; each query's online-softmax state (`m`, `l`, `acc[HD]`) lives in `st`.
 #[inline(always)]
 fn unit_body<const HD: usize>(
     u: &Unit<'_>,
     kt: &mut [f32],
     vb: &mut [f32],
+    st: &mut Vec<f32>,
     widen: fn(&[u16], &mut [f32]),
 ) {
     let a = u.a;
@@ -225,65 +278,91 @@ fn unit_body<const HD: usize>(
     let nt = (a.n_tokens - t0).min(QB);
     let n_vis = a.pos0 + t0 + nt; // keys seen by the unit's last token
     let base = u.hk * a.n_ctx * HD;
-    // Widen the visible keys (transposed per block) and values once for the whole unit.
-    let mut krow = [0f32; HD];
-    for p in 0..n_vis {
-        widen(&a.k[base + p * HD..][..HD], &mut krow);
-        let blk = &mut kt[(p / KB) * HD * KB..][..HD * KB];
-        for (d, &x) in krow.iter().enumerate() {
-            blk[d * KB + p % KB] = x;
-        }
-        widen(&a.v[base + p * HD..][..HD], &mut vb[p * HD..(p + 1) * HD]);
-    }
+    let nq = nt * a.group;
+    // Per query (token-major, then head of the group): [HD] scaled q, [HD] acc, m, l.
+    let stride = 2 * HD + 2;
+    st.clear();
+    st.resize(nq * stride, 0.0);
     let scale = 1.0 / (HD as f32).sqrt();
     for ti in 0..nt {
-        let limit = a.pos0 + t0 + ti + 1; // positions visible to this token
         for g in 0..a.group {
             let off = (t0 + ti) * a.width + (u.hk * a.group + g) * HD;
-            let mut qv = [0f32; HD];
-            for (d, &x) in qv.iter_mut().zip(&a.q[off..off + HD]) {
+            let s0 = (ti * a.group + g) * stride;
+            for (d, &x) in st[s0..s0 + HD].iter_mut().zip(&a.q[off..off + HD]) {
                 *d = x * scale;
             }
-            let mut acc = [0f32; HD];
-            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-            let mut kb0 = 0;
-            while kb0 < limit {
-                let nv = (limit - kb0).min(KB);
-                let blk = &kt[(kb0 / KB) * HD * KB..][..HD * KB]; // [HD][KB]
+            st[s0 + 2 * HD] = f32::NEG_INFINITY;
+        }
+    }
+    if kt.len() < HD * KB || vb.len() < KB * HD {
+        return;
+    }
+    let (kt, vb) = (&mut kt[..HD * KB], &mut vb[..KB * HD]);
+    let mut krow = [0f32; HD];
+    let mut kb0 = 0;
+    while kb0 < n_vis {
+        let nb = (n_vis - kb0).min(KB);
+        // Widen this block: keys transposed ([HD][KB]), values row-major ([KB][HD]).
+        for j in 0..nb {
+            let p = kb0 + j;
+            widen(&a.k[base + p * HD..][..HD], &mut krow);
+            for (d, &x) in krow.iter().enumerate() {
+                kt[d * KB + j] = x;
+            }
+            widen(&a.v[base + p * HD..][..HD], &mut vb[j * HD..(j + 1) * HD]);
+        }
+        // Queries that see at least one key of the block (later tokens see more).
+        let first_ti = kb0.saturating_sub(a.pos0 + t0);
+        for ti in first_ti..nt {
+            let limit = a.pos0 + t0 + ti + 1; // positions visible to this token
+            let nv = (limit - kb0).min(nb);
+            for g in 0..a.group {
+                let s0 = (ti * a.group + g) * stride;
+                let (qv, rest) = st[s0..s0 + stride].split_at_mut(HD);
+                let (acc, ml) = rest.split_at_mut(HD);
+                let qv: &[f32; HD] = match (&*qv).try_into() {
+                    Ok(q) => q,
+                    Err(_) => return,
+                };
+                let acc: &mut [f32; HD] = match acc.try_into() {
+                    Ok(q) => q,
+                    Err(_) => return,
+                };
                 // Four partial sums over interleaved dimensions: independent FMA chains.
                 let mut sp = [[0f32; KB]; 4];
                 for d in (0..HD).step_by(4) {
                     for (w, spw) in sp.iter_mut().enumerate() {
                         let qd = qv[d + w];
-                        let kr = &blk[(d + w) * KB..(d + w + 1) * KB];
+                        let kr = &kt[(d + w) * KB..(d + w + 1) * KB];
                         for j in 0..KB {
                             spw[j] += qd * kr[j];
                         }
                     }
                 }
-                let mut s = [0f32; KB];
+                let mut sc = [0f32; KB];
                 for j in 0..KB {
-                    s[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
+                    sc[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
                 }
+                let (m, l) = (ml[0], ml[1]);
                 let mut mx = m;
-                for &sj in &s[..nv] {
+                for &sj in &sc[..nv] {
                     mx = mx.max(sj);
                 }
                 let corr = exp_neg(m - mx);
-                let mut sum = 0f32;
-                for sj in s.iter_mut() {
+                for sj in sc.iter_mut() {
                     *sj = exp_neg(*sj - mx);
                 }
-                for &sj in &s[..nv] {
+                let mut sum = 0f32;
+                for &sj in &sc[..nv] {
                     sum += sj;
                 }
-                m = mx;
-                l = l * corr + sum;
+                ml[0] = mx;
+                ml[1] = l * corr + sum;
                 for x in acc.iter_mut() {
                     *x *= corr;
                 }
-                for (j, &p) in s[..nv].iter().enumerate() {
-                    let vr: &[f32; HD] = match vb[(kb0 + j) * HD..][..HD].try_into() {
+                for (j, &p) in sc[..nv].iter().enumerate() {
+                    let vr: &[f32; HD] = match vb[j * HD..(j + 1) * HD].try_into() {
                         Ok(r) => r,
                         Err(_) => return,
                     };
@@ -291,13 +370,19 @@ fn unit_body<const HD: usize>(
                         acc[d] += p * vr[d];
                     }
                 }
-                kb0 += nv;
             }
-            let inv = 1.0 / l;
+        }
+        kb0 += nb;
+    }
+    for ti in 0..nt {
+        for g in 0..a.group {
+            let off = (t0 + ti) * a.width + (u.hk * a.group + g) * HD;
+            let s0 = (ti * a.group + g) * stride;
+            let inv = 1.0 / st[s0 + 2 * HD + 1];
             // SAFETY: `off + HD <= out.len()` (token < n_tokens, head < n_head); each
             // (token, head) slice belongs to exactly one unit.
             let dst = unsafe { std::slice::from_raw_parts_mut(u.out.0.add(off), HD) };
-            for (o, &x) in dst.iter_mut().zip(&acc) {
+            for (o, &x) in dst.iter_mut().zip(&st[s0 + HD..s0 + 2 * HD]) {
                 *o = x * inv;
             }
         }

@@ -5,6 +5,7 @@ pub mod attn_decode;
 pub mod attn_prefill;
 pub mod cpu;
 pub mod cuda_probe;
+pub mod elementwise;
 pub mod gemm;
 pub mod pool;
 pub mod quantdot;

@@ -233,8 +233,34 @@ impl<B: Backend> Decoder<B> {
         &self,
         state: &mut DecoderState<B>,
         ids: &[u32],
-        mut hook: Option<HiddenHook<'_>>,
+        hook: Option<HiddenHook<'_>>,
     ) -> Result<Vec<f32>, ModelError> {
+        match self.forward_as(state, ids, hook, Want::Logits)? {
+            Output::Logits(l) => Ok(l),
+            Output::Token(_) => unreachable!("asked for logits"),
+        }
+    }
+
+    /// Like [`Decoder::forward`], returning only the greedy pick of the last position
+    /// ([`Backend::argmax`]: on a device backend the logits never leave it).
+    pub fn forward_argmax(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &[u32],
+    ) -> Result<u32, ModelError> {
+        match self.forward_as(state, ids, None, Want::Argmax)? {
+            Output::Token(t) => Ok(t),
+            Output::Logits(_) => unreachable!("asked for the argmax"),
+        }
+    }
+
+    fn forward_as(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &[u32],
+        mut hook: Option<HiddenHook<'_>>,
+        want: Want,
+    ) -> Result<Output, ModelError> {
         let n_tokens = ids.len();
         if n_tokens == 0 {
             return Err(ModelError::EmptyInput);
@@ -258,10 +284,17 @@ impl<B: Backend> Decoder<B> {
             _ => self.scratch(n_tokens)?,
         };
         let result = self.run(&mut s, &mut state.kv, pos0, ids, &mut hook);
+        let out = result.and_then(|()| match want {
+            Want::Logits => self.backend.read(&s.logits).map(Output::Logits),
+            Want::Argmax => {
+                let ids = self.backend.argmax(&s.logits, self.params.n_vocab)?;
+                Ok(Output::Token(ids.first().copied().unwrap_or(0)))
+            }
+        });
         state.scratch = Some(s);
-        let logits = result?;
+        let out = out?;
         state.n_past += n_tokens;
-        Ok(logits)
+        Ok(out)
     }
 
     fn run(
@@ -271,7 +304,7 @@ impl<B: Backend> Decoder<B> {
         pos0: usize,
         ids: &[u32],
         hook: &mut Option<HiddenHook<'_>>,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<(), ModelError> {
         let b = &self.backend;
         let p = &self.params;
         let w = &self.weights;
@@ -331,7 +364,18 @@ impl<B: Backend> Decoder<B> {
         })();
         let ended = b.end_forward();
         body?;
-        ended?;
-        b.read(&s.logits)
+        ended
     }
+}
+
+/// What a forward pass hands back.
+#[derive(Clone, Copy)]
+enum Want {
+    Logits,
+    Argmax,
+}
+
+enum Output {
+    Logits(Vec<f32>),
+    Token(u32),
 }

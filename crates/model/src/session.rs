@@ -71,6 +71,7 @@ trait Engine: Send + Sync {
 /// Backend-erased per-sequence state: what a [`Session`] holds.
 trait SessionState: Send {
     fn eval(&mut self, ids: &[u32], hook: Option<HiddenHook<'_>>) -> Result<Vec<f32>, ModelError>;
+    fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError>;
     fn n_past(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn truncate(&mut self, n: usize);
@@ -102,6 +103,10 @@ struct SessionOf<B: Backend> {
 impl<B: Backend> SessionState for SessionOf<B> {
     fn eval(&mut self, ids: &[u32], hook: Option<HiddenHook<'_>>) -> Result<Vec<f32>, ModelError> {
         self.decoder.forward(&mut self.state, ids, hook)
+    }
+
+    fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError> {
+        self.decoder.forward_argmax(&mut self.state, ids)
     }
 
     fn n_past(&self) -> usize {
@@ -279,6 +284,13 @@ impl Session {
     /// logits of the last one. Fails with [`ModelError::ContextFull`] past the context length.
     pub fn eval(&mut self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
         self.inner.eval(ids, None)
+    }
+
+    /// Like [`Session::eval`], returning only the greedy pick (the index of the largest
+    /// logit; NaN never wins, ties go to the lowest id). On a device backend the logits stay
+    /// on the device.
+    pub fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError> {
+        self.inner.eval_argmax(ids)
     }
 
     /// Like [`Session::eval`], calling `hook` with every hidden state (embeddings, each

@@ -92,6 +92,22 @@ fn matches_reference_on_prefill_for_1_2_3_threads() {
 }
 
 #[test]
+fn eval_argmax_is_the_argmax_of_eval() {
+    use damascus_model::backend::host_argmax;
+    let m = cpu(2);
+    // A GEMM-sized prompt, then decode steps.
+    let ids: Vec<u32> = [504u32, 3575, 282, 4649, 314, 7042, 30, 378].repeat(3);
+    let (mut a, mut g) = (m.session().unwrap(), m.session().unwrap());
+    let logits = a.eval(&ids).unwrap();
+    assert_eq!(g.eval_argmax(&ids).unwrap(), host_argmax(&logits));
+    for id in [17u32, 4242, 9] {
+        let logits = a.eval(&[id]).unwrap();
+        assert_eq!(g.eval_argmax(&[id]).unwrap(), host_argmax(&logits));
+    }
+    assert_eq!(a.n_past(), g.n_past());
+}
+
+#[test]
 fn decode_matches_prefill_and_reference() {
     let ids = [504u32, 3575, 282, 4649, 314];
     let m = cpu(2);

@@ -135,6 +135,28 @@ fn decode_steps_match_reference_and_replay_graphs() {
 }
 
 #[test]
+fn device_argmax_is_the_greedy_pick_of_the_logits() {
+    // Two sessions in lockstep: one reads the logits back, the other asks for the device's
+    // argmax (after a GEMM prompt, then graph-replayed decode steps).
+    let Some(b) = backend() else { return };
+    let f = tiny(Mix::Q4_K_M, "Q4_K_M");
+    let m = Model::with_backend(f, &opts(), b).unwrap();
+    let ids = long_ids(40);
+    let (mut a, mut g) = (m.session().unwrap(), m.session().unwrap());
+    let logits = a.eval(&ids[..32]).unwrap();
+    assert_eq!(
+        g.eval_argmax(&ids[..32]).unwrap(),
+        damascus_model::backend::host_argmax(&logits)
+    );
+    for &id in &ids[32..] {
+        let logits = a.eval(&[id]).unwrap();
+        let pick = g.eval_argmax(&[id]).unwrap();
+        assert_eq!(pick, damascus_model::backend::host_argmax(&logits));
+    }
+    assert_eq!(g.n_past(), ids.len());
+}
+
+#[test]
 fn layer_split_cpu_then_cuda_matches_reference() {
     // `--ngl 1` on the 2-layer model: embeddings, layer 0 and the LM head on the CPU, layer 1
     // on the GPU; a 40-token prompt (the GEMM path) then decode steps.

@@ -354,19 +354,29 @@ impl<'a> Generator<'a> {
         if self.cfg.max_tokens.is_some_and(|m| self.ids.len() >= m) {
             return Ok(Some(self.done(StopReason::MaxTokens)));
         }
+        // Plain greedy without logprobs needs only the argmax: the backend picks it (on a
+        // GPU the logits never come back).
+        let argmax_only =
+            self.sampler.is_plain_greedy() && !self.cfg.logprobs && self.cfg.top_logprobs == 0;
+        let mut picked = None;
         if let Some(t) = self.pending.take() {
             if self.seq.n_free() == 0 {
                 return Ok(Some(self.done(StopReason::ContextFull)));
             }
-            self.logits = match self.seq.eval(&[t]) {
-                Ok(l) => l,
-                Err(e) => {
-                    self.phase = Phase::Finished;
-                    return Err(e);
-                }
+            let r = if argmax_only {
+                self.seq.eval_argmax(&[t]).map(|id| picked = Some(id))
+            } else {
+                self.seq.eval(&[t]).map(|l| self.logits = l)
             };
+            if let Err(e) = r {
+                self.phase = Phase::Finished;
+                return Err(e);
+            }
         }
-        let id = self.sampler.sample(&self.logits)?;
+        let id = match picked {
+            Some(id) => id,
+            None => self.sampler.sample(&self.logits)?,
+        };
         self.sampler.accept(id);
         if self.ids.is_empty()
             && let Some(t0) = self.t_start

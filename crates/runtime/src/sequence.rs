@@ -133,6 +133,29 @@ impl Sequence {
         }
     }
 
+    /// Like [`Sequence::eval`], returning only the greedy pick after the last id (the backend
+    /// computes the argmax; see [`damascus_model::Session::eval_argmax`]).
+    pub fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, RuntimeError> {
+        if self.n_past() + ids.len() > self.n_ctx() {
+            return Err(RuntimeError::ContextFull {
+                n_ctx: self.n_ctx(),
+                n_past: self.n_past(),
+                n_tokens: ids.len(),
+            });
+        }
+        match self.session.eval_argmax(ids) {
+            Ok(id) => {
+                self.tokens.extend_from_slice(ids);
+                Ok(id)
+            }
+            Err(e) => {
+                let n = self.tokens.len();
+                self.session.truncate(n);
+                Err(e.into())
+            }
+        }
+    }
+
     /// Context shift: drops cached positions `keep .. keep + n_drop` and re-positions the
     /// tokens after them by re-evaluating them (simple and exact; RoPE re-rotation of the cached
     /// keys would avoid the recompute). Returns the number of tokens re-evaluated.

@@ -166,8 +166,9 @@ fn run_once(
             session.eval(&ids)?;
         }
         Test::Gen(_) => {
+            // Greedy decoding's work: the backend's argmax of each step's logits.
             for &id in &ids {
-                session.eval(&[id])?;
+                session.eval_argmax(&[id])?;
             }
         }
     }

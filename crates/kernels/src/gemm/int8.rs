@@ -106,15 +106,43 @@ impl QActs {
                 unit: "elements",
             });
         }
-        let nb = k / 32;
         let mut a = QActs {
-            n_tokens,
-            k,
-            q: vec![0; n_tokens * k],
-            d: vec![0.0; n_tokens * nb],
-            s16: vec![0.0; n_tokens * 2 * nb],
-            s32: vec![0.0; n_tokens * nb],
+            n_tokens: 0,
+            k: 0,
+            q: Vec::new(),
+            d: Vec::new(),
+            s16: Vec::new(),
+            s32: Vec::new(),
         };
+        a.requantize(x, n_tokens, k, pool)?;
+        Ok(a)
+    }
+
+    /// Quantizes `x` (`[n_tokens, k]`) into this buffer, reusing its allocations (every
+    /// element is rewritten).
+    pub fn requantize(
+        &mut self,
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), KernelError> {
+        if x.len() != n_tokens * k || !k.is_multiple_of(32) {
+            return Err(KernelError::BadLength {
+                what: "int8 gemm activations (k a multiple of 32)",
+                expected: n_tokens * k,
+                found: x.len(),
+                unit: "elements",
+            });
+        }
+        let nb = k / 32;
+        let a = self;
+        a.n_tokens = n_tokens;
+        a.k = k;
+        a.q.resize(n_tokens * k, 0);
+        a.d.resize(n_tokens * nb, 0.0);
+        a.s16.resize(n_tokens * 2 * nb, 0.0);
+        a.s32.resize(n_tokens * nb, 0.0);
         let quant = |t: usize, q: &mut [i8], d: &mut [f32], s16: &mut [f32], s32: &mut [f32]| {
             let xr = &x[t * k..(t + 1) * k];
             for b in 0..nb {
@@ -187,7 +215,7 @@ impl QActs {
                 );
             }
         }
-        Ok(a)
+        Ok(())
     }
 
     /// Tokens.

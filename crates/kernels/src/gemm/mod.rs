@@ -154,6 +154,24 @@ impl PackedActs {
         k: usize,
         pool: Option<&ThreadPool>,
     ) -> Result<PackedActs, KernelError> {
+        let mut p = PackedActs {
+            n_tokens: 0,
+            k: 0,
+            data: Vec::new(),
+        };
+        p.repack(x, n_tokens, k, pool)?;
+        Ok(p)
+    }
+
+    /// Packs `x` (`[n_tokens, k]`) into this buffer, reusing its allocation (a prompt's
+    /// matmuls pack every input: fresh pages would cost more than the packing).
+    pub fn repack(
+        &mut self,
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), KernelError> {
         if x.len() != n_tokens * k || !k.is_multiple_of(KSTEP) {
             return Err(KernelError::BadLength {
                 what: "gemm activations (k a multiple of 32)",
@@ -163,22 +181,31 @@ impl PackedActs {
             });
         }
         let t_pad = n_tokens.div_ceil(2 * TILE) * 2 * TILE;
-        let mut data = vec![0u16; t_pad * k];
+        self.n_tokens = n_tokens;
+        self.k = k;
+        // Every element is written below (padding tokens as zeros), so stale contents of a
+        // reused buffer never leak.
+        self.data.resize(t_pad * k, 0);
+        let data = &mut self.data[..t_pad * k];
         let nks = k / KSTEP;
         let tile_elems = nks * TILE * KSTEP; // one token tile: [nks][16][32]
         // Token tile `tt` owns data[tt * tile_elems..][..tile_elems].
         let pack = |tt: usize, dst: &mut [u16]| {
             let mut row = vec![0u16; k]; // [k] bf16 one token
-            for ti in 0..TILE.min(n_tokens.saturating_sub(tt * TILE)) {
+            for ti in 0..TILE {
                 let t = tt * TILE + ti;
-                micro::to_bf16(&x[t * k..(t + 1) * k], &mut row);
+                if t < n_tokens {
+                    micro::to_bf16(&x[t * k..(t + 1) * k], &mut row);
+                } else {
+                    row.fill(0);
+                }
                 for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
                     let at = (s * TILE + ti) * KSTEP;
                     dst[at..at + KSTEP].copy_from_slice(seg);
                 }
             }
         };
-        let n_tt = n_tokens.div_ceil(TILE);
+        let n_tt = t_pad / TILE;
         match pool {
             Some(p) if p.n_threads() > 1 && n_tt > 1 => {
                 let nt = p.n_threads();
@@ -199,12 +226,12 @@ impl PackedActs {
                 });
             }
             _ => {
-                for (tt, tile) in data.chunks_exact_mut(tile_elems).take(n_tt).enumerate() {
+                for (tt, tile) in data.chunks_exact_mut(tile_elems).enumerate() {
                     pack(tt, tile);
                 }
             }
         }
-        Ok(PackedActs { n_tokens, k, data })
+        Ok(())
     }
 
     /// Tokens (rows of `x`).

@@ -199,3 +199,29 @@ fn packing_over_threads_matches_serial() {
         assert_eq!(a.get(t - 1, 95), f32_to_bf16(x[t * 96 - 1]));
     }
 }
+
+#[test]
+fn reused_buffers_equal_fresh_ones() {
+    // Large first, then smaller (stale tail and padding must not leak), then larger again.
+    let pool = ThreadPool::new(2);
+    let k = 96;
+    let (mut p, mut q) = (None::<PackedActs>, None::<super::int8::QActs>);
+    for (i, n) in [40usize, 3, 33, 1, 70].into_iter().enumerate() {
+        let x = rand_vec(n * k, 100 + i as u64);
+        let fresh = PackedActs::new(&x, n, k).unwrap();
+        let fq = super::int8::QActs::new(&x, n, k, None).unwrap();
+        match (&mut p, &mut q) {
+            (Some(p), Some(q)) => {
+                p.repack(&x, n, k, Some(&pool)).unwrap();
+                q.requantize(&x, n, k, Some(&pool)).unwrap();
+            }
+            _ => {
+                p = Some(PackedActs::new_with(&x, n, k, Some(&pool)).unwrap());
+                q = Some(super::int8::QActs::new(&x, n, k, Some(&pool)).unwrap());
+            }
+        }
+        let (pr, qr) = (p.as_ref().unwrap(), q.as_ref().unwrap());
+        assert_eq!(pr.data, fresh.data, "bf16 pack, n {n}");
+        assert_eq!(format!("{qr:?}"), format!("{fq:?}"), "int8 acts, n {n}");
+    }
+}

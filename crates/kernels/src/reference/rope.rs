@@ -98,13 +98,17 @@ pub fn rope(
         width > 0 && x.len().is_multiple_of(width),
         "rope: x is not [n_tokens, {n_head}, {head_dim}]"
     );
+    // [half] (sin, cos) of the current token, shared by its heads.
+    let mut sc = vec![(0f32, 0f32); half];
     for (t, row) in x.chunks_exact_mut(width).enumerate() {
         let pos = (pos0 + t) as f64;
+        for (v, &f) in sc.iter_mut().zip(inv_freq) {
+            // Angle in f64 so large positions keep their precision.
+            let theta = pos * f64::from(f);
+            *v = (theta.sin() as f32, theta.cos() as f32);
+        }
         for head in row.chunks_exact_mut(head_dim) {
-            for (i, &f) in inv_freq.iter().enumerate() {
-                // Angle in f64 so large positions keep their precision.
-                let theta = pos * f64::from(f);
-                let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
+            for (i, &(sin, cos)) in sc.iter().enumerate() {
                 let (a, b) = match layout {
                     RopeLayout::Normal => (2 * i, 2 * i + 1),
                     RopeLayout::Neox => (i, i + half),

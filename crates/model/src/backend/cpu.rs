@@ -31,6 +31,7 @@ use damascus_kernels::reference as k;
 use damascus_kernels::reference::AttnShape;
 use damascus_quant::dequantize_row;
 
+use super::profile::{OpProfile, weight_class};
 use super::reference::{HostAct, check_len, host_ops};
 use super::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
@@ -58,6 +59,18 @@ pub struct CpuBackend {
     /// AMX) where the weight type allows; `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel
     /// f32 GEMM.
     int8: Option<gemm::int8::Int8Path>,
+    /// `DAMASCUS_PROFILE=1`: per-op wall time, printed to stderr on drop.
+    prof: Option<OpProfile>,
+    /// The prefill GEMM's packed inputs, reused by every prompt matmul.
+    gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.prof {
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -95,6 +108,16 @@ impl CpuBackend {
             kern,
             gemm,
             int8,
+            prof: OpProfile::from_env(),
+            gemm_bufs: Mutex::new((None, None)),
+        }
+    }
+
+    /// Runs `f`, timed under `key` when profiling.
+    fn timed<T>(&self, key: impl FnOnce() -> String, f: impl FnOnce() -> T) -> T {
+        match &self.prof {
+            Some(p) => p.time(key, f),
+            None => f(),
         }
     }
 
@@ -480,6 +503,22 @@ impl CpuBackend {
         {
             return self.gemm_matmuls(path, ws, x, outs, swiglu);
         }
+        let key = || {
+            let names: Vec<&str> = ws.iter().map(|w| weight_class(w.tensor.name())).collect();
+            format!("dot {}", names.join("+"))
+        };
+        self.timed(key, || self.dot_matmuls(ws, x, outs, swiglu))
+    }
+
+    /// [`CpuBackend::matmuls`] through the per-token dot products.
+    fn dot_matmuls(
+        &self,
+        ws: &[&CpuMatrix],
+        x: &HostAct,
+        outs: &mut [&mut HostAct],
+        swiglu: bool,
+    ) -> Result<(), ModelError> {
+        let n_tokens = x.n_tokens;
         let inp = self.input(x, ws)?;
         let views = ws
             .iter()
@@ -571,7 +610,7 @@ impl CpuBackend {
             if swiglu && !(by_rows && n_tokens > 1) {
                 let mut g = chunks[0][t].1.lock().unwrap_or_else(|p| p.into_inner());
                 let u = chunks[1][t].1.lock().unwrap_or_else(|p| p.into_inner());
-                k::swiglu(&mut g, &u);
+                damascus_kernels::elementwise::swiglu(&mut g, &u);
             }
         });
         drop(chunks);
@@ -589,7 +628,7 @@ impl CpuBackend {
             }
             if swiglu {
                 let (g, rest) = outs.split_at_mut(1);
-                k::swiglu(&mut g[0].data, &rest[0].data);
+                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
             }
         }
         Ok(())
@@ -606,9 +645,11 @@ impl CpuBackend {
         outs: &mut [&mut HostAct],
         swiglu: bool,
     ) -> Result<(), ModelError> {
-        // Both operand forms made at most once per call, on first need.
-        let mut xp: Option<PackedActs> = None;
-        let mut xq: Option<gemm::int8::QActs> = None;
+        let n = x.n_tokens;
+        // Both operand forms made at most once per call, on first need, in buffers kept
+        // between calls (fresh pages for every input cost more than packing it).
+        let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut p_fresh, mut q_fresh) = (false, false);
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
             let view = w.tensor.view()?;
             let wr = WeightRef {
@@ -620,33 +661,79 @@ impl CpuBackend {
             if let Some(i8path) = self.int8.filter(|p| p.supports(w.dtype))
                 && gemm::int8::unsupported(&wr).is_none()
             {
-                let xq = match &mut xq {
-                    Some(q) => q,
-                    slot @ None => slot.insert(
-                        gemm::int8::QActs::new(&x.data, x.n_tokens, x.width, Some(&self.pool))
-                            .map_err(|e| kernel_err("int8 gemm input", e))?,
-                    ),
+                if !q_fresh {
+                    let pool = Some(&self.pool);
+                    let r = self.timed(
+                        || "int8 acts (quantize)".into(),
+                        || match &mut bufs.1 {
+                            Some(q) => q.requantize(&x.data, n, x.width, pool),
+                            slot @ None => gemm::int8::QActs::new(&x.data, n, x.width, pool)
+                                .map(|q| *slot = Some(q)),
+                        },
+                    );
+                    r.map_err(|e| kernel_err("int8 gemm input", e))?;
+                    q_fresh = true;
+                }
+                let Some(xq) = &bufs.1 else {
+                    unreachable!("quantized above")
                 };
-                gemm::int8::gemm_i8(i8path, wr, xq, &mut o.data, Some(&self.pool))
-                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+                let key = || {
+                    format!(
+                        "gemm {} {:?} {}",
+                        weight_class(w.tensor.name()),
+                        w.dtype,
+                        i8path.name()
+                    )
+                };
+                self.timed(key, || {
+                    gemm::int8::gemm_i8(i8path, wr, xq, &mut o.data, Some(&self.pool))
+                })
+                .map_err(|e| kernel_err(w.tensor.name(), e))?;
                 continue;
             }
-            let xp = match &mut xp {
-                Some(p) => p,
-                slot @ None => slot.insert(
-                    PackedActs::new_with(&x.data, x.n_tokens, x.width, Some(&self.pool))
-                        .map_err(|e| kernel_err("gemm input", e))?,
-                ),
+            if !p_fresh {
+                let pool = Some(&self.pool);
+                let r = self.timed(
+                    || "bf16 acts (pack)".into(),
+                    || match &mut bufs.0 {
+                        Some(p) => p.repack(&x.data, n, x.width, pool),
+                        slot @ None => {
+                            PackedActs::new_with(&x.data, n, x.width, pool).map(|p| *slot = Some(p))
+                        }
+                    },
+                );
+                r.map_err(|e| kernel_err("gemm input", e))?;
+                p_fresh = true;
+            }
+            let Some(xp) = &bufs.0 else {
+                unreachable!("packed above")
             };
-            gemm::gemm(path, wr, xp, &mut o.data, Some(&self.pool))
-                .map_err(|e| kernel_err(w.tensor.name(), e))?;
+            let key = || {
+                format!(
+                    "gemm {} {:?} {path:?}",
+                    weight_class(w.tensor.name()),
+                    w.dtype
+                )
+            };
+            self.timed(key, || {
+                gemm::gemm(path, wr, xp, &mut o.data, Some(&self.pool))
+            })
+            .map_err(|e| kernel_err(w.tensor.name(), e))?;
         }
         if swiglu {
             let (g, rest) = outs.split_at_mut(1);
             let (gate, up) = (&mut *g[0], &*rest[0]);
-            self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
-                k::swiglu(chunk, &up.data[r.start * up.width..r.end * up.width]);
-            });
+            self.timed(
+                || "swiglu".into(),
+                || {
+                    self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
+                        damascus_kernels::elementwise::swiglu(
+                            chunk,
+                            &up.data[r.start * up.width..r.end * up.width],
+                        );
+                    })
+                },
+            );
         }
         Ok(())
     }
@@ -831,11 +918,16 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, table: &CpuMatrix, ids: &[u32], out: &mut HostAct) -> Result<(), ModelError> {
-        check_len("embed", "out", out.data.len(), ids.len() * table.cols)?;
-        let view = table.tensor.view()?;
-        let w = view.as_weight()?;
-        k::embed_rows(&w, ids, &mut out.data)?;
-        Ok(())
+        self.timed(
+            || "embed".into(),
+            || {
+                check_len("embed", "out", out.data.len(), ids.len() * table.cols)?;
+                let view = table.tensor.view()?;
+                let w = view.as_weight()?;
+                k::embed_rows(&w, ids, &mut out.data)?;
+                Ok(())
+            },
+        )
     }
 
     fn rms_norm(
@@ -845,13 +937,18 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
-        check_len("rms_norm", "x row", x.width, w.len())?;
-        check_len("rms_norm", "out", out.data.len(), x.data.len())?;
-        let width = x.width;
-        self.par_rows(&mut out.data, width, &|r, chunk| {
-            k::rms_norm(&x.data[r.start * width..r.end * width], w, eps, chunk);
-        });
-        Ok(())
+        self.timed(
+            || "rms_norm".into(),
+            || {
+                check_len("rms_norm", "x row", x.width, w.len())?;
+                check_len("rms_norm", "out", out.data.len(), x.data.len())?;
+                let width = x.width;
+                self.par_rows(&mut out.data, width, &|r, chunk| {
+                    k::rms_norm(&x.data[r.start * width..r.end * width], w, eps, chunk);
+                });
+                Ok(())
+            },
+        )
     }
 
     fn matmul(&self, w: &CpuMatrix, x: &HostAct, out: &mut HostAct) -> Result<(), ModelError> {
@@ -889,19 +986,24 @@ impl Backend for CpuBackend {
         pos0: usize,
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
-        check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
-        let width = x.width;
-        self.par_rows(&mut x.data, width, &|r, chunk| {
-            k::rope(
-                chunk,
-                n_head,
-                rope.head_dim,
-                pos0 + r.start,
-                &rope.inv_freq,
-                rope.layout,
-            );
-        });
-        Ok(())
+        self.timed(
+            || "rope".into(),
+            || {
+                check_len("rope", "x row", x.width, n_head * rope.head_dim)?;
+                let width = x.width;
+                self.par_rows(&mut x.data, width, &|r, chunk| {
+                    k::rope(
+                        chunk,
+                        n_head,
+                        rope.head_dim,
+                        pos0 + r.start,
+                        &rope.inv_freq,
+                        rope.layout,
+                    );
+                });
+                Ok(())
+            },
+        )
     }
 
     fn attention(
@@ -915,126 +1017,148 @@ impl Backend for CpuBackend {
         v: &HostAct,
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
-        let n_tokens = q.n_tokens;
-        let KvShape {
-            n_ctx,
-            n_head_kv,
-            head_dim: hd,
-            ..
-        } = cache.shape;
-        let kv_width = n_head_kv * hd;
-        if pos0 + n_tokens > n_ctx {
-            return Err(ModelError::ContextFull {
+        self.timed(|| "attention".into(), || {
+            let n_tokens = q.n_tokens;
+            let KvShape {
                 n_ctx,
-                n_past: pos0,
-                n_tokens,
-            });
-        }
-        check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
-        check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
-        check_len("attention", "q row", q.width, shape.n_head * shape.head_dim)?;
-        check_len("attention", "out", out.data.len(), q.data.len())?;
-        if shape.n_head_kv != n_head_kv || shape.head_dim != hd {
-            return Err(ModelError::Tensor {
-                what: format!(
-                    "attention: shape {shape:?} does not match the cache ({n_head_kv} KV heads of {hd})"
-                ),
-            });
-        }
-        let no_layer = || ModelError::Tensor {
-            what: format!("attention: no cache for layer {layer}"),
-        };
-        let (kc, vc) = match &mut cache.store {
-            KvStore::F16 { k: ks, v: vs } => (ks.get_mut(layer), vs.get_mut(layer)),
-            KvStore::F32 { k: ks, v: vs } => {
-                let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
-                    (Some(kc), Some(vc)) => (kc, vc),
-                    _ => return Err(no_layer()),
-                };
-                append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |x| x);
-                return self.attention_f32(kc, vc, shape, n_ctx, pos0, q, out);
+                n_head_kv,
+                head_dim: hd,
+                ..
+            } = cache.shape;
+            let kv_width = n_head_kv * hd;
+            if pos0 + n_tokens > n_ctx {
+                return Err(ModelError::ContextFull {
+                    n_ctx,
+                    n_past: pos0,
+                    n_tokens,
+                });
             }
-        };
-        let (kc, vc) = match (kc, vc) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(no_layer()),
-        };
-        append_kv(
-            kc,
-            vc,
-            &kk.data,
-            &v.data,
-            n_head_kv,
-            hd,
-            n_ctx,
-            pos0,
-            quantdot::f32_to_f16,
-        );
-        let dshape = DecodeShape {
-            n_head: shape.n_head,
-            n_head_kv,
-            head_dim: hd,
-            layout: KvLayout::HeadMajor { n_ctx },
-        };
-        let (kc, vc) = (&kc[..], &vc[..]);
-        let q_width = q.width;
-        if n_tokens == 1 {
-            return attn_decode_f16(
-                &q.data,
-                kc,
-                vc,
-                dshape,
-                pos0 + 1,
-                &mut out.data,
-                Some(&self.pool),
-            )
-            .map_err(|e| kernel_err("attention", e));
-        }
-        if attn_prefill::supports_head_dim(hd) {
-            // A prompt: flash-style tiles (one KV head × a block of query tokens per unit).
-            return attn_prefill::attn_prefill_f16(
-                &q.data,
-                kc,
-                vc,
-                dshape,
-                pos0,
-                &mut out.data,
-                Some(&self.pool),
-            )
-            .map_err(|e| kernel_err("attention", e));
-        }
-        // Other head sizes: tokens dealt round-robin (later ones see more positions).
-        let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
-        let err = FirstError::default();
-        self.pool.run(&|t, nt| {
-            for tok in (t..n_tokens).step_by(nt) {
-                let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
-                let qr = &q.data[tok * q_width..(tok + 1) * q_width];
-                if let Err(e) = attn_decode_f16(qr, kc, vc, dshape, pos0 + tok + 1, &mut o, None) {
-                    err.set(kernel_err("attention", e));
-                    return;
+            check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
+            check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
+            check_len("attention", "q row", q.width, shape.n_head * shape.head_dim)?;
+            check_len("attention", "out", out.data.len(), q.data.len())?;
+            if shape.n_head_kv != n_head_kv || shape.head_dim != hd {
+                return Err(ModelError::Tensor {
+                    what: format!(
+                        "attention: shape {shape:?} does not match the cache ({n_head_kv} KV heads of {hd})"
+                    ),
+                });
+            }
+            let no_layer = || ModelError::Tensor {
+                what: format!("attention: no cache for layer {layer}"),
+            };
+            let (kc, vc) = match &mut cache.store {
+                KvStore::F16 { k: ks, v: vs } => (ks.get_mut(layer), vs.get_mut(layer)),
+                KvStore::F32 { k: ks, v: vs } => {
+                    let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
+                        (Some(kc), Some(vc)) => (kc, vc),
+                        _ => return Err(no_layer()),
+                    };
+                    append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |x| x);
+                    return self.attention_f32(kc, vc, shape, n_ctx, pos0, q, out);
                 }
+            };
+            let (kc, vc) = match (kc, vc) {
+                (Some(kc), Some(vc)) => (kc, vc),
+                _ => return Err(no_layer()),
+            };
+            append_kv(
+                kc,
+                vc,
+                &kk.data,
+                &v.data,
+                n_head_kv,
+                hd,
+                n_ctx,
+                pos0,
+                quantdot::f32_to_f16,
+            );
+            let dshape = DecodeShape {
+                n_head: shape.n_head,
+                n_head_kv,
+                head_dim: hd,
+                layout: KvLayout::HeadMajor { n_ctx },
+            };
+            let (kc, vc) = (&kc[..], &vc[..]);
+            let q_width = q.width;
+            if n_tokens == 1 {
+                return attn_decode_f16(
+                    &q.data,
+                    kc,
+                    vc,
+                    dshape,
+                    pos0 + 1,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e));
             }
-        });
-        drop(rows);
-        err.into_result()
+            if attn_prefill::supports_head_dim(hd) {
+                // A prompt: flash-style tiles (one KV head × a block of query tokens per unit).
+                return attn_prefill::attn_prefill_f16(
+                    &q.data,
+                    kc,
+                    vc,
+                    dshape,
+                    pos0,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e));
+            }
+            // Other head sizes: tokens dealt round-robin (later ones see more positions).
+            let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
+            let err = FirstError::default();
+            self.pool.run(&|t, nt| {
+                for tok in (t..n_tokens).step_by(nt) {
+                    let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
+                    let qr = &q.data[tok * q_width..(tok + 1) * q_width];
+                    if let Err(e) = attn_decode_f16(qr, kc, vc, dshape, pos0 + tok + 1, &mut o, None) {
+                        err.set(kernel_err("attention", e));
+                        return;
+                    }
+                }
+            });
+            drop(rows);
+            err.into_result()
+        })
     }
 
     fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
-        check_len("swiglu", "up", up.data.len(), gate.data.len())?;
-        let width = gate.width;
-        self.par_rows(&mut gate.data, width, &|r, chunk| {
-            k::swiglu(chunk, &up.data[r.start * width..r.end * width]);
-        });
-        Ok(())
+        self.timed(
+            || "swiglu".into(),
+            || {
+                check_len("swiglu", "up", up.data.len(), gate.data.len())?;
+                let width = gate.width;
+                self.par_rows(&mut gate.data, width, &|r, chunk| {
+                    damascus_kernels::elementwise::swiglu(
+                        chunk,
+                        &up.data[r.start * width..r.end * width],
+                    );
+                });
+                Ok(())
+            },
+        )
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {
-        check_len("add", "y", y.data.len(), x.data.len())?;
-        let width = x.width;
-        self.par_rows(&mut x.data, width, &|r, chunk| {
-            k::add(chunk, &y.data[r.start * width..r.end * width]);
-        });
+        self.timed(
+            || "add".into(),
+            || {
+                check_len("add", "y", y.data.len(), x.data.len())?;
+                let width = x.width;
+                self.par_rows(&mut x.data, width, &|r, chunk| {
+                    k::add(chunk, &y.data[r.start * width..r.end * width]);
+                });
+                Ok(())
+            },
+        )
+    }
+
+    fn begin_forward(&self, n_tokens: usize, _pos0: usize) -> Result<(), ModelError> {
+        if let Some(p) = &self.prof {
+            p.pass(n_tokens);
+        }
         Ok(())
     }
 

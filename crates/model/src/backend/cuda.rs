@@ -271,6 +271,15 @@ impl Backend for CudaBackend {
         Ok(self.gpu.read(x)?)
     }
 
+    fn argmax(&self, x: &DevAct, width: usize) -> Result<Vec<u32>, ModelError> {
+        if x.width != width {
+            return Err(ModelError::Tensor {
+                what: format!("argmax: rows of {} values, expected {width}", x.width),
+            });
+        }
+        Ok(self.gpu.argmax(x)?)
+    }
+
     fn write(&self, x: &mut DevAct, data: &[f32]) -> Result<(), ModelError> {
         Ok(self.gpu.write(x, data)?)
     }

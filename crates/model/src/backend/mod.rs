@@ -19,6 +19,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod profile;
 pub mod reference;
 pub mod split;
 
@@ -170,6 +171,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Reads `x` back to the host as `[n_tokens, width]` f32, row-major.
     fn read(&self, x: &Self::Act) -> Result<Vec<f32>, ModelError>;
 
+    /// The index of the largest value of every row of `x` `[n_tokens, width]` (greedy
+    /// decoding): NaN never wins, ties go to the lowest index ([`host_argmax`]).
+    /// Default: [`Backend::read`], then [`host_argmax`] per row; a device backend overrides
+    /// it to copy back one id per row instead of the whole row.
+    fn argmax(&self, x: &Self::Act, width: usize) -> Result<Vec<u32>, ModelError> {
+        let data = self.read(x)?;
+        if width == 0 || !data.len().is_multiple_of(width) {
+            return Err(ModelError::Tensor {
+                what: format!("argmax: {} values are not rows of {width}", data.len()),
+            });
+        }
+        Ok(data.chunks_exact(width).map(host_argmax).collect())
+    }
+
     /// Overwrites `x` with host `[n_tokens, width]` f32, row-major: the inverse of
     /// [`Backend::read`] (how [`split::Split`] moves activations between backends).
     fn write(&self, x: &mut Self::Act, data: &[f32]) -> Result<(), ModelError>;
@@ -240,5 +255,41 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.matmul(w_gate, x, gate)?;
         self.matmul(w_up, x, up)?;
         self.swiglu(gate, up)
+    }
+}
+
+/// The index of the largest value of `row`, the greedy pick: NaN counts as `-inf` (never
+/// wins), `+inf` as `f32::MAX`, and ties go to the lowest index (like the sampler's greedy
+/// stage and `torch.argmax`). 0 for an empty row.
+pub fn host_argmax(row: &[f32]) -> u32 {
+    let mut best = (f32::NEG_INFINITY, 0usize);
+    for (i, &v) in row.iter().enumerate() {
+        let v = if v.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            v.min(f32::MAX)
+        };
+        if v > best.0 {
+            best = (v, i);
+        }
+    }
+    best.1 as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_argmax;
+
+    #[test]
+    fn host_argmax_skips_nan_and_breaks_ties_low() {
+        assert_eq!(host_argmax(&[]), 0);
+        assert_eq!(host_argmax(&[f32::NAN]), 0);
+        assert_eq!(host_argmax(&[1.0, 3.0, 3.0, -2.0]), 1);
+        assert_eq!(host_argmax(&[f32::NAN, 0.5, f32::NAN, 0.7]), 3);
+        assert_eq!(
+            host_argmax(&[0.0, f32::INFINITY, f32::MAX, f32::INFINITY]),
+            1
+        );
+        assert_eq!(host_argmax(&[f32::NEG_INFINITY; 5]), 0);
     }
 }

@@ -282,6 +282,12 @@ impl SamplerChain {
         Ok(chain)
     }
 
+    /// Whether the chain is exactly one greedy pick (no logit bias, no penalties): then the
+    /// argmax of the raw logits is the answer and a backend may compute it.
+    pub fn is_plain_greedy(&self) -> bool {
+        matches!(self.stages.as_slice(), [s] if s.name() == "greedy")
+    }
+
     /// The seed of the random pick (resolved, so a random seed can be replayed); `None` for a
     /// greedy chain.
     pub fn seed(&self) -> Option<u64> {
