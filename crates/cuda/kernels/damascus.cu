@@ -803,6 +803,17 @@ INSTANTIATE_ATTN(128)
 __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
+// The warp's best (value, index) into every lane.
+__device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL, bv, o);
+        int oi = __shfl_xor_sync(FULL, bi, o);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
 extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
@@ -817,14 +828,7 @@ extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
             bi = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(FULL, bv, o);
-        int oi = __shfl_xor_sync(FULL, bi, o);
-        if (argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    argmax_warp(bv, bi);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) {
         sv[warp] = bv;
@@ -835,14 +839,7 @@ extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
         int nw = blockDim.x >> 5;
         bv = lane < nw ? sv[lane] : -INFINITY;
         bi = lane < nw ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(FULL, bv, o);
-            int oi = __shfl_xor_sync(FULL, bi, o);
-            if (argmax_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        argmax_warp(bv, bi);
         if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
     }
 }

@@ -249,19 +249,6 @@ fn widen_avx512(src: &[u16], dst: &mut [f32]) {
     unsafe { imp(src, dst) }
 }
 
-/// `e^x` for `x ≤ 0` (vectorizable; relative error ≈ 2e-7, flushed to 0 below −87).
-#[inline(always)]
-fn exp_neg(x: f32) -> f32 {
-    let x = x.max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
-    let r = x - n * std::f32::consts::LN_2;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
-}
-
 /// One unit: key blocks outer, the unit's queries inner, so each widened block of [`KB`] keys
 /// and values (2 × `KB × HD` f32, L1-resident) meets every query of the unit before the next
 /// is read; each query's online-softmax state (`m`, `l`, `acc[HD]`) lives in `st`.
@@ -348,9 +335,9 @@ fn unit_body<const HD: usize>(
                 for &sj in &sc[..nv] {
                     mx = mx.max(sj);
                 }
-                let corr = exp_neg(m - mx);
+                let corr = crate::elementwise::exp_fast(m - mx);
                 for sj in sc.iter_mut() {
-                    *sj = exp_neg(*sj - mx);
+                    *sj = crate::elementwise::exp_fast(*sj - mx);
                 }
                 let mut sum = 0f32;
                 for &sj in &sc[..nv] {
