@@ -59,7 +59,6 @@ fn main() {
         let x: Vec<f32> = (0..tokens * k)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.0) - 1.0)
             .collect();
-        let xp = PackedActs::new(&x, tokens, k).expect("pack");
         for &dt in &types {
             let rb = k / dt.block_size() * dt.type_size();
             let mut bytes = vec![0u8; rows * rb];
@@ -84,6 +83,7 @@ fn main() {
                     if path == GemmPath::Scalar {
                         continue;
                     }
+                    let xp = PackedActs::for_path(path, &x, tokens, k, Some(&pool)).expect("pack");
                     gemm(path, w, &xp, &mut out, Some(&pool)).expect("gemm");
                     let mut best = f64::MAX;
                     for _ in 0..reps {

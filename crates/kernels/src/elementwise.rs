@@ -63,9 +63,120 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     swiglu_body(gate, up);
 }
 
+/// `dst[i] = f16(src[i])` (round to nearest even, as `half::f16::from_f32`), with F16C's
+/// `vcvtps2ph` where present. The prompt's KV-cache append converts a whole prompt at once.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len(), "f32_to_f16_slice: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().f16c {
+        // SAFETY: AVX and F16C are present (F16C implies AVX support in the detection).
+        return unsafe { f32_to_f16_f16c(src, dst) };
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_f32(x).to_bits();
+    }
+}
+
+/// `dst[i] = f32(src[i])` (exact), with F16C's `vcvtph2ps` where present.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn f16_to_f32_slice(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16_to_f32_slice: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().f16c {
+        // SAFETY: AVX and F16C are present.
+        return unsafe { f16_to_f32_f16c(src, dst) };
+    }
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_bits(h).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f32_to_f16_f16c(src: &[f32], dst: &mut [u16]) {
+    use std::arch::x86_64::{__m128i, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
+    let n8 = src.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= n8 <= both lengths (equal, asserted by the caller).
+        unsafe {
+            let h = _mm256_cvtps_ph::<0>(_mm256_loadu_ps(src.as_ptr().add(i))); // 0: nearest
+            _mm_storeu_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), h);
+        }
+    }
+    for (d, &x) in dst[n8..].iter_mut().zip(&src[n8..]) {
+        *d = half::f16::from_f32(x).to_bits();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f16_to_f32_f16c(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+    let n8 = src.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= n8 <= both lengths.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for (d, &h) in dst[n8..].iter_mut().zip(&src[n8..]) {
+        *d = half::f16::from_bits(h).to_f32();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_conversions_match_half_on_awkward_lengths_and_specials() {
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0,
+            65504.0,
+            65520.0, // rounds to inf
+            1e-8,    // subnormal / zero
+            6.1e-5,
+            -3.0e-6,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1.0 + 1.0 / 2048.0, // a tie
+        ];
+        for n in [0usize, 1, 3, 7, 8, 33, 1023] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    special
+                        .get(i)
+                        .copied()
+                        .unwrap_or(((i * 7919 % 2001) as f32 - 1000.0) * 0.0731)
+                })
+                .collect();
+            let mut h = vec![0u16; n];
+            f32_to_f16_slice(&x, &mut h);
+            for (i, (&a, &b)) in h.iter().zip(&x).enumerate() {
+                assert_eq!(a, half::f16::from_f32(b).to_bits(), "n {n} [{i}] {b}");
+            }
+            let mut back = vec![0f32; n];
+            f16_to_f32_slice(&h, &mut back);
+            for (i, (&a, &b)) in back.iter().zip(&h).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    half::f16::from_bits(b).to_f32().to_bits(),
+                    "[{i}]"
+                );
+            }
+        }
+        let mut h = [0u16; 1];
+        f32_to_f16_slice(&[f32::NAN], &mut h);
+        assert!(half::f16::from_bits(h[0]).is_nan());
+    }
 
     #[test]
     fn exp_fast_tracks_libm() {

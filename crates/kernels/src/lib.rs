@@ -1,6 +1,8 @@
 //! Compute kernels: scalar reference implementations (the oracle) and, later,
 //! SIMD implementations chosen at run time.
 
+#[cfg(target_arch = "x86_64")]
+pub mod attn_amx;
 pub mod attn_decode;
 pub mod attn_prefill;
 pub mod cpu;

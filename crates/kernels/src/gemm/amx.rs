@@ -1,14 +1,65 @@
-//! The AMX-BF16 micro-kernel, driven with stable `asm!` (the AMX intrinsics are unstable,
-//! rust-lang/rust#126622; LLVM's assembler knows the mnemonics).
+//! The AMX-BF16 GEMM: its driver and its tile micro-kernel, driven with stable `asm!` (the AMX
+//! intrinsics are unstable, rust-lang/rust#126622; LLVM's assembler knows the mnemonics).
 //!
-//! Tile registers of one call: `tmm0..tmm3` = C (`[16 tokens, 16 rows]` f32, token tile `i`
-//! × row group `j` in `tmm(2i + j)`), `tmm4`/`tmm5` = A (two token tiles, `[16, 32]` bf16),
-//! `tmm6`/`tmm7` = B (two panel tiles, `[16 pairs, 16 rows × 2]` bf16). Every tile is 16 rows
-//! of 64 bytes.
+//! Roles: the **weights are the A operand** — a unit's rows unpacked once into a row-major
+//! panel `[row tiles][k / 32][16 rows][32]` bf16 (no transpose: each dequantized row is
+//! rounded and written in 64-byte pieces) — and the **activations the B operand**
+//! ([`ActLayout::Pairs`], interleaved once per matmul, shared by every unit). One call of the
+//! micro-kernel computes C `[16 rows, 16 tokens]` f32 for 2 row tiles × 2 token tiles over the
+//! whole `k` in the tile registers, stores it to a 4 KiB buffer and the driver transposes it
+//! into `out` (`[tokens, rows]`).
+//!
+//! Tile registers: `tmm0..tmm3` = C (token tile `i` × row tile `j` in `tmm(2i + j)`),
+//! `tmm4`/`tmm5` = A (two row tiles, `[16 rows][32]` bf16), `tmm6`/`tmm7` = B (two token
+//! tiles, `[16 pairs][16 tokens][2]` bf16). Every tile is 16 rows of 64 bytes.
+//!
+//! Blocking: a unit is at most [`PANEL_BYTES`] of panel (L2 resident with the B tiles of one
+//! token pair, which every row pair of the unit reuses), sized so that the units split evenly
+//! over the threads; tokens are split across units only when row blocks are too few. So each
+//! unit unpacks its rows once and reads the activations once.
+//!
+//! The driver also runs on an emulated micro-kernel (`Step::Emulated`, tests only): the same
+//! layouts and pointers, scalar arithmetic, so the blocking and layout logic is tested on any
+//! CPU, and the real tiles on AMX machines.
 
 use std::arch::asm;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{MicroArgs, TILE};
+use damascus_quant::dequantize_row;
+
+use super::{ActLayout, KSTEP, PackedActs, SendPtr, TILE, WeightRef, dequant_err, micro, unpack};
+use crate::pool::{ThreadPool, split_range};
+use crate::quantdot::KernelError;
+
+/// Most panel bytes per unit: with one token pair's B tiles (`2 · 16 · k` bf16) it stays in
+/// a 2 MiB L2 (Sapphire Rapids and later) with room to spare. `DAMASCUS_AMX_PANEL_KIB`
+/// overrides it (tuning). Measured on the 16-thread AMX host (GEMM micro-benchmark, Q4_K,
+/// 512 tokens, GFLOP/s for 3072×3072 / 3072×8192): 384 KiB 3672 / 3945, 640 KiB 3953 / 4684,
+/// 1280 KiB 3387 / 3951, 2048 KiB 3233 / 3396.
+pub(super) const PANEL_BYTES: usize = 640 << 10;
+
+/// Tuning knobs read once from the environment: panel bytes per unit
+/// (`DAMASCUS_AMX_PANEL_KIB`) and how many of the pool's threads take AMX units
+/// (`DAMASCUS_AMX_THREADS`, default all: on CPUs with two hardware threads per core the
+/// siblings share one tile unit and one L2).
+fn knobs() -> (usize, usize) {
+    static K: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let var = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&v| v > 0)
+        };
+        (
+            var("DAMASCUS_AMX_PANEL_KIB").map_or(PANEL_BYTES, |v| v << 10),
+            var("DAMASCUS_AMX_THREADS").unwrap_or(usize::MAX),
+        )
+    })
+}
+
+/// bf16 elements per tile (16 rows × 32).
+const TILE_ELEMS: usize = TILE * KSTEP;
 
 /// The 64-byte tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
 #[repr(C, align(64))]
@@ -31,12 +82,12 @@ impl TileConfig {
 static CONFIG: TileConfig = TileConfig::eight_full_tiles();
 
 /// Configures this thread's tiles on creation and releases them on drop.
-pub(super) struct TileGuard(());
+pub(crate) struct TileGuard(());
 
 impl TileGuard {
     /// Loads the tile configuration. Only created on the AMX path, which
     /// [`super::GemmPath::is_available`] gates on AMX-BF16 and the OS permission.
-    pub(super) fn new() -> TileGuard {
+    pub(crate) fn new() -> TileGuard {
         // SAFETY: AMX is available and permitted (the only caller is the AMX path); the
         // configuration is a valid palette-1 layout.
         unsafe { asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack)) };
@@ -51,52 +102,74 @@ impl Drop for TileGuard {
     }
 }
 
-/// One 2 × 2 tile step sequence over `args.nks` k-steps.
+/// How the driver computes a 2 × 2 tile step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// AMX tiles (`tdpbf16ps`).
+    Tiles,
+    /// Scalar emulation of the same step on the same memory (tests).
+    #[cfg(test)]
+    Emulated,
+}
+
+/// One micro-kernel call (also used by [`crate::attn_amx`]).
+pub(crate) struct TileArgs {
+    /// A tiles (weight rows here): `nks` contiguous `[16 rows][32]` bf16 tiles each.
+    pub a: [*const u16; 2],
+    /// B tiles (tokens here): `nks` contiguous `[16 pairs][16 columns]` u32 tiles each.
+    pub b: [*const u32; 2],
+    pub nks: usize,
+    /// `[4][16 A rows][16 B columns]` f32, tile `2 i + j` for B tile `i`, A tile `j`
+    /// (overwritten).
+    pub c: *mut f32,
+}
+
+/// Runs one 2 × 2 step on `step`.
+///
+/// # Safety
+/// `args` describes valid memory (see [`TileArgs`]); for [`Step::Tiles`], AMX-BF16 is
+/// available and this thread holds a [`TileGuard`].
+pub(crate) unsafe fn run_step(step: Step, args: &TileArgs) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match step {
+            Step::Tiles => micro_2x2(args),
+            #[cfg(test)]
+            Step::Emulated => emulate_2x2(args),
+        }
+    }
+}
+
+/// `C = Σ_s A_j[s] · B_i[s]` for the four (i, j) pairs, on the tiles.
 ///
 /// # Safety
 /// AMX-BF16 is available, this thread holds a [`TileGuard`], and `args` describes valid
-/// memory: `nks` contiguous 1 KiB tiles per A token tile and per B group,
-/// C tiles of 16 rows at their strides.
-pub(super) unsafe fn micro_2x2(args: &MicroArgs) {
-    let cs = args.c.stride.map(|s| s * 4); // bytes
-    let [c0, c1, c2, c3] = args.c.c;
-    // SAFETY: (all blocks) pointers and strides as documented; tiles configured.
+/// memory (see [`TileArgs`]).
+unsafe fn micro_2x2(args: &TileArgs) {
+    let c = args.c.cast::<u8>();
+    // SAFETY: (all blocks) pointers as documented; tiles configured.
     unsafe {
-        if args.load_c {
-            asm!(
-                "tileloadd tmm0, [{c0} + {s0}]",
-                "tileloadd tmm1, [{c1} + {s1}]",
-                "tileloadd tmm2, [{c2} + {s2}]",
-                "tileloadd tmm3, [{c3} + {s3}]",
-                c0 = in(reg) c0, s0 = in(reg) cs[0],
-                c1 = in(reg) c1, s1 = in(reg) cs[1],
-                c2 = in(reg) c2, s2 = in(reg) cs[2],
-                c3 = in(reg) c3, s3 = in(reg) cs[3],
-                options(nostack, readonly),
-            );
-        } else {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem)
-            );
-        }
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
         let (mut a0, mut a1) = (args.a[0].cast::<u8>(), args.a[1].cast::<u8>());
         let (mut b0, mut b1) = (args.b[0].cast::<u8>(), args.b[1].cast::<u8>());
         for _ in 0..args.nks {
             asm!(
-                "tileloadd tmm4, [{a0} + {as}]",
-                "tileloadd tmm6, [{b0} + {bs}]",
+                "tileloadd tmm4, [{a0} + {s}]",
+                "tileloadd tmm6, [{b0} + {s}]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
-                "tileloadd tmm7, [{b1} + {bs}]",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tileloadd tmm5, [{a1} + {as}]",
-                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tileloadd tmm7, [{b1} + {s}]",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tileloadd tmm5, [{a1} + {s}]",
+                "tdpbf16ps tmm1, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
-                a0 = in(reg) a0, a1 = in(reg) a1, as = in(reg) 64usize,
-                b0 = in(reg) b0, b1 = in(reg) b1, bs = in(reg) 64usize,
+                a0 = in(reg) a0, a1 = in(reg) a1,
+                b0 = in(reg) b0, b1 = in(reg) b1, s = in(reg) 64usize,
                 options(nostack, readonly),
             );
             a0 = a0.add(1024);
@@ -105,15 +178,233 @@ pub(super) unsafe fn micro_2x2(args: &MicroArgs) {
             b1 = b1.add(1024);
         }
         asm!(
-            "tilestored [{c0} + {s0}], tmm0",
-            "tilestored [{c1} + {s1}], tmm1",
-            "tilestored [{c2} + {s2}], tmm2",
-            "tilestored [{c3} + {s3}], tmm3",
-            c0 = in(reg) c0, s0 = in(reg) cs[0],
-            c1 = in(reg) c1, s1 = in(reg) cs[1],
-            c2 = in(reg) c2, s2 = in(reg) cs[2],
-            c3 = in(reg) c3, s3 = in(reg) cs[3],
+            "tilestored [{c} + {s}], tmm0",
+            "tilestored [{c1} + {s}], tmm1",
+            "tilestored [{c2} + {s}], tmm2",
+            "tilestored [{c3} + {s}], tmm3",
+            c = in(reg) c, c1 = in(reg) c.add(1024), c2 = in(reg) c.add(2048),
+            c3 = in(reg) c.add(3072), s = in(reg) 64usize,
             options(nostack),
         );
+    }
+}
+
+/// Scalar emulation of [`micro_2x2`] (pair products summed in f32).
+///
+/// # Safety
+/// `args` describes valid memory (see [`TileArgs`]).
+#[cfg(test)]
+unsafe fn emulate_2x2(args: &TileArgs) {
+    use super::bf16_to_f32;
+    for i in 0..2 {
+        for j in 0..2 {
+            // SAFETY: C holds four [16][16] tiles.
+            let c = unsafe { std::slice::from_raw_parts_mut(args.c.add((2 * i + j) * 256), 256) };
+            c.fill(0.0);
+            for s in 0..args.nks {
+                // SAFETY: `nks` tiles per operand.
+                let (a, b) = unsafe {
+                    (
+                        std::slice::from_raw_parts(args.a[j].add(s * TILE_ELEMS), TILE_ELEMS),
+                        std::slice::from_raw_parts(args.b[i].add(s * TILE * TILE), TILE * TILE),
+                    )
+                };
+                for m in 0..TILE {
+                    for n in 0..TILE {
+                        let mut acc = c[m * TILE + n];
+                        for p in 0..TILE {
+                            let pair = b[p * TILE + n];
+                            acc += bf16_to_f32(a[m * KSTEP + 2 * p]) * bf16_to_f32(pair as u16)
+                                + bf16_to_f32(a[m * KSTEP + 2 * p + 1])
+                                    * bf16_to_f32((pair >> 16) as u16);
+                        }
+                        c[m * TILE + n] = acc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// A worker's panel (`[row tiles][k / 32][16][32]` bf16) and one dequantized row (`[k]`
+    /// f32), kept between calls: the pool's threads live as long as the backend, and fresh
+    /// pages for every matmul would cost more than the unpack.
+    static BUFS: std::cell::RefCell<(Vec<u16>, Vec<f32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// Rows per unit for `rows × k` on `nt` threads: whole row-tile pairs, at most
+/// [`PANEL_BYTES`] of panel, chosen so the busiest thread has the fewest rows (then the
+/// largest unit: fewer passes over the activations).
+fn unit_rows(rows: usize, k: usize, nt: usize, panel_bytes: usize) -> usize {
+    let pairs = rows.div_ceil(2 * TILE);
+    let cap = (panel_bytes / (2 * k) / (2 * TILE)).clamp(1, pairs.max(1));
+    let busiest = |ppu: usize| pairs.div_ceil(ppu).div_ceil(nt.max(1)) * ppu;
+    let ppu = (1..=cap).rev().min_by_key(|&p| busiest(p)).unwrap_or(1);
+    (ppu * 2 * TILE).min(rows.next_multiple_of(TILE))
+}
+
+/// `out = x · Wᵀ` on AMX tiles (or their emulation): see the module docs.
+pub(super) fn gemm_tiles(
+    step: Step,
+    w: WeightRef<'_>,
+    x: &PackedActs,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    debug_assert_eq!(x.layout, ActLayout::Pairs);
+    let (rows, k) = (w.rows, w.cols);
+    let nks = k / KSTEP;
+    let n_tp = x.n_tile_pairs();
+    if n_tp == 0 {
+        return Ok(());
+    }
+    let (panel_bytes, max_threads) = knobs();
+    let nt = pool.map_or(1, |p| p.n_threads()).min(max_threads);
+    let mc = unit_rows(rows, k, nt, panel_bytes);
+    let n_rb = rows.div_ceil(mc);
+    // Tokens split only when row blocks are fewer than the threads.
+    let tc = nt.div_ceil(n_rb).clamp(1, n_tp);
+    let n_units = n_rb * tc;
+    let next = AtomicUsize::new(0);
+    let first_err: std::sync::Mutex<Option<KernelError>> = std::sync::Mutex::new(None);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let rb_bytes = w.row_bytes();
+    let work = |t: usize, _nt: usize| {
+        if t >= nt {
+            return; // threads beyond DAMASCUS_AMX_THREADS
+        }
+        let out_ptr = &out_ptr;
+        let _tiles = (step == Step::Tiles).then(TileGuard::new);
+        let mut cbuf = [0f32; 4 * TILE * TILE]; // [4][16 rows][16 tokens] f32
+        BUFS.with_borrow_mut(|(panel, row)| {
+            panel.resize(mc * k, 0);
+            row.resize(k, 0.0);
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= n_units {
+                    break;
+                }
+                let (rb, tcx) = (u / tc, u % tc);
+                let r0 = rb * mc;
+                let nrt = (rows - r0).min(mc) / TILE; // row tiles of this unit
+                for r in 0..nrt * TILE {
+                    let src = &w.bytes[(r0 + r) * rb_bytes..(r0 + r + 1) * rb_bytes];
+                    if !unpack::dequant_fast(w.dtype, src, row)
+                        && let Err(e) = dequantize_row(w.dtype, src, row)
+                    {
+                        first_err
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(dequant_err(e));
+                        return;
+                    }
+                    let at = r / TILE * nks * TILE_ELEMS + (r % TILE) * KSTEP;
+                    micro::to_bf16_strided(row, &mut panel[at..], TILE_ELEMS);
+                }
+                for tp in split_range(n_tp, 1, tcx, tc) {
+                    for rp in 0..nrt.div_ceil(2) {
+                        let rt = [2 * rp, (2 * rp + 1).min(nrt - 1)];
+                        let args = TileArgs {
+                            a: rt.map(|j| panel[j * nks * TILE_ELEMS..].as_ptr()),
+                            b: [x.tile(2 * tp, 0), x.tile(2 * tp + 1, 0)],
+                            nks,
+                            c: cbuf.as_mut_ptr(),
+                        };
+                        // SAFETY: the panel holds `nks` tiles per row tile, the activations
+                        // `nks` tiles per token tile (t_pad covers tile 2 tp + 1), C is 4 KiB;
+                        // the tiles are configured for `Step::Tiles`, which `gemm` only takes
+                        // where AMX-BF16 is available.
+                        unsafe { run_step(step, &args) };
+                        for i in 0..2 {
+                            let t0 = (2 * tp + i) * TILE;
+                            let valid = x.n_tokens.saturating_sub(t0).min(TILE);
+                            for j in 0..2 {
+                                if valid == 0 || (j == 1 && rt[1] == rt[0]) {
+                                    continue; // padding tokens, or the duplicate of an odd tile
+                                }
+                                let col = r0 + rt[j] * TILE;
+                                // SAFETY: tokens t0..t0+valid and columns col..col+16 lie in
+                                // `out` ([n_tokens, rows]); units own disjoint (row block,
+                                // token range) rectangles.
+                                let dst = unsafe { out_ptr.0.add(t0 * rows + col) };
+                                let tile = &cbuf[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                                // SAFETY: as above, `valid` rows of 16 floats at stride `rows`.
+                                unsafe { micro::store_transposed(tile, dst, rows, valid) };
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    };
+    match pool {
+        Some(p) if nt > 1 => p.run(&work),
+        _ => work(0, 1),
+    }
+    match first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::tests::{quantized, rand_vec};
+    use crate::gemm::{GgmlType, gemm_ref};
+
+    fn check(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Option<&ThreadPool>) {
+        let bytes = quantized(dtype, rows, k, (rows * 17 + k) as u64);
+        let w = WeightRef {
+            dtype,
+            bytes: &bytes,
+            rows,
+            cols: k,
+        };
+        let xs = rand_vec(n_tokens * k, 3 + n_tokens as u64);
+        let xr = PackedActs::new(&xs, n_tokens, k).unwrap();
+        let xp = PackedActs::with_layout(ActLayout::Pairs, &xs, n_tokens, k, pool).unwrap();
+        let mut want = vec![0f32; n_tokens * rows];
+        gemm_ref(w, &xr, &mut want).unwrap();
+        let mut got = vec![f32::NAN; n_tokens * rows];
+        gemm_tiles(Step::Emulated, w, &xp, &mut got, pool).unwrap();
+        let scale = (k as f32).sqrt();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
+                "{dtype:?} rows={rows} k={k} T={n_tokens} at [{}, {}]: {g} vs {e}",
+                i / rows,
+                i % rows
+            );
+        }
+    }
+
+    #[test]
+    fn emulated_driver_matches_reference_on_awkward_shapes() {
+        for &t in &[1, 3, 7, 16, 33, 47] {
+            check(GgmlType::Q4_K, 48, 512, t, None);
+        }
+        check(GgmlType::Q6_K, 16, 256, 5, None); // one row tile: the duplicate pair
+        check(GgmlType::Q8_0, 80, 96, 17, None);
+        check(GgmlType::Q4_1, 16 * 7, 32 * 3, 2, None);
+        let pool = ThreadPool::new(3);
+        check(GgmlType::Q4_K, 16 * 11, 768, 65, Some(&pool));
+        check(GgmlType::Q6_K, 16, 256, 100, Some(&pool)); // one row block, tokens split
+        check(GgmlType::Q5_0, 16 * 9, 64, 33, Some(&pool));
+    }
+
+    #[test]
+    fn units_split_rows_evenly_within_the_panel_budget() {
+        assert_eq!(unit_rows(3072, 3072, 16, PANEL_BYTES), 96); // 32 units: 2 per thread
+        assert_eq!(unit_rows(1024, 3072, 16, PANEL_BYTES), 64);
+        assert_eq!(unit_rows(3072, 8192, 16, PANEL_BYTES), 32); // 512 KiB of panel at k = 8192
+        assert_eq!(unit_rows(8192, 3072, 16, PANEL_BYTES), 64); // 128 units: 8 per thread
+        assert_eq!(unit_rows(3072, 3072, 16, 1280 << 10), 192);
+        assert_eq!(unit_rows(16, 256, 4, PANEL_BYTES), 16);
+        assert_eq!(unit_rows(48, 256, 1, PANEL_BYTES), 48);
+        assert_eq!(unit_rows(64, 1 << 20, 1, PANEL_BYTES), 32); // at least one row-tile pair
     }
 }

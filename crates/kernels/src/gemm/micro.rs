@@ -32,7 +32,7 @@ fn to_bf16_body(x: &[f32], out: &mut [u16]) {
 /// Packs 16 dequantized rows `rows` (`[16][kc]` f32) into panel tiles `tiles`
 /// (`[kc / 32][16 pairs][16 rows]` u32): `tiles[s][p][n] = bf16(rows[n][32s + 2p]) |
 /// bf16(rows[n][32s + 2p + 1]) << 16`.
-pub(super) fn pack_group(rows: &[f32], kc: usize, tiles: &mut [u32]) {
+pub(crate) fn pack_group(rows: &[f32], kc: usize, tiles: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::CpuFeatures::get().avx512f {
         // SAFETY: AVX-512F is present.
@@ -89,34 +89,128 @@ unsafe fn pack_group_avx512(rows: &[f32], kc: usize, tiles: &mut [u32]) {
                 *rn =
                     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bf16x16(p)), bf16x16(p.add(16)));
             }
-            let mut t = [_mm512_setzero_si512(); TILE];
-            for i in 0..8 {
-                t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-                t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-            }
-            let mut u = [_mm512_setzero_si512(); TILE];
-            for i in 0..4 {
-                u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-                u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-                u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-                u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-            }
+            let out = transpose16(&r);
             let dst = tiles.as_mut_ptr().add(s * TILE * TILE);
-            for c in 0..4 {
-                let lo01 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
-                let hi01 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
-                let lo23 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
-                let hi23 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
-                let rows4 = [
-                    _mm512_shuffle_i32x4::<0x88>(lo01, lo23),
-                    _mm512_shuffle_i32x4::<0xDD>(lo01, lo23),
-                    _mm512_shuffle_i32x4::<0x88>(hi01, hi23),
-                    _mm512_shuffle_i32x4::<0xDD>(hi01, hi23),
-                ];
-                for (l, v) in rows4.into_iter().enumerate() {
-                    _mm512_storeu_si512(dst.add((4 * l + c) * TILE).cast(), v);
-                }
+            for (p, v) in out.into_iter().enumerate() {
+                _mm512_storeu_si512(dst.add(p * TILE).cast(), v);
             }
+        }
+    }
+}
+
+/// 16 × 16 transpose of u32 lanes: `out[p]` lane `n` = `r[n]` lane `p`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &[std::arch::x86_64::__m512i; TILE]) -> [std::arch::x86_64::__m512i; TILE] {
+    use std::arch::x86_64::*;
+    {
+        let mut t = [_mm512_setzero_si512(); TILE];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_si512(); TILE];
+        for i in 0..4 {
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        let mut out = [_mm512_setzero_si512(); TILE];
+        for c in 0..4 {
+            let lo01 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+            let hi01 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+            let lo23 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+            let hi23 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+            out[c] = _mm512_shuffle_i32x4::<0x88>(lo01, lo23);
+            out[4 + c] = _mm512_shuffle_i32x4::<0xDD>(lo01, lo23);
+            out[8 + c] = _mm512_shuffle_i32x4::<0x88>(hi01, hi23);
+            out[12 + c] = _mm512_shuffle_i32x4::<0xDD>(hi01, hi23);
+        }
+        out
+    }
+}
+
+/// `dst[s * stride..][..32] = bf16(row[32 s..][..32])` for every 32-element step `s` of `row`
+/// (one weight row into its AMX A tiles, `stride` = one tile).
+pub(crate) fn to_bf16_strided(row: &[f32], dst: &mut [u16], stride: usize) {
+    let steps = row.len() / KSTEP;
+    assert!(steps == 0 || dst.len() >= (steps - 1) * stride + KSTEP);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F is present.
+        return unsafe { to_bf16_strided_avx512(row, dst, stride) };
+    }
+    to_bf16_strided_body(row, dst, stride);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn to_bf16_strided_avx512(row: &[f32], dst: &mut [u16], stride: usize) {
+    to_bf16_strided_body(row, dst, stride);
+}
+
+#[inline(always)]
+fn to_bf16_strided_body(row: &[f32], dst: &mut [u16], stride: usize) {
+    for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
+        let d: &mut [u16; KSTEP] = (&mut dst[s * stride..s * stride + KSTEP])
+            .try_into()
+            .expect("32 elements");
+        let seg: &[f32; KSTEP] = seg.try_into().expect("32 elements");
+        for (o, &v) in d.iter_mut().zip(seg) {
+            *o = f32_to_bf16(v);
+        }
+    }
+}
+
+/// Writes the transpose of a C tile: `dst[n * stride + m] = tile[m * 16 + n]` for tokens
+/// `n < valid` and rows `m < 16`.
+///
+/// # Safety
+/// `dst` is valid for writes of `valid` runs of 16 floats, `stride` floats apart.
+pub(super) unsafe fn store_transposed(tile: &[f32], dst: *mut f32, stride: usize, valid: usize) {
+    assert!(tile.len() >= TILE * TILE && valid <= TILE);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F is present; the rest is forwarded.
+        return unsafe { store_transposed_avx512(tile, dst, stride, valid) };
+    }
+    // SAFETY: forwarded.
+    unsafe { store_transposed_scalar(tile, dst, stride, valid) }
+}
+
+/// Scalar twin of [`store_transposed`].
+///
+/// # Safety
+/// As for [`store_transposed`].
+pub(super) unsafe fn store_transposed_scalar(
+    tile: &[f32],
+    dst: *mut f32,
+    stride: usize,
+    valid: usize,
+) {
+    for n in 0..valid {
+        for m in 0..TILE {
+            // SAFETY: run `n` of 16 floats is writable (caller).
+            unsafe { *dst.add(n * stride + m) = tile[m * TILE + n] };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_transposed_avx512(tile: &[f32], dst: *mut f32, stride: usize, valid: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the tile holds 256 floats (asserted by the caller); stores as documented.
+    unsafe {
+        let mut r = [_mm512_setzero_si512(); TILE];
+        for (m, v) in r.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(tile.as_ptr().add(m * TILE).cast());
+        }
+        let out = transpose16(&r);
+        for (n, v) in out.into_iter().take(valid).enumerate() {
+            _mm512_storeu_si512(dst.add(n * stride).cast(), v);
         }
     }
 }

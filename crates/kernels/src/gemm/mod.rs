@@ -3,37 +3,44 @@
 //!
 //! # Design
 //!
-//! Each worker takes a *unit* (a block of [`MC`] weight rows × a range of token tiles) and, per
-//! slice of [`KC`] columns, unpacks that block's quantized rows into a small bf16 **panel**
-//! (L1/L2 resident, reused by every token tile of the unit), then runs a register-blocked
-//! micro-kernel over `2 × 16` tokens × `2 × 16` rows:
+//! Each worker takes a *unit* (a block of weight rows × a range of token tiles), unpacks that
+//! block's quantized rows into a small bf16 **panel** (L2 resident, reused by every token tile
+//! of the unit), then runs a register-blocked micro-kernel over `2 × 16` tokens × `2 × 16`
+//! rows:
 //!
-//! * **AMX** (`tdpbf16ps`, tiles driven by stable `asm!`): C tiles `[16 tokens, 16 rows]` f32
-//!   accumulate across the whole `K` slice in the tile registers — no int32 store-and-rescale
-//!   after every 32- or 16-element sub-block. The K-quant sub-block scales and mins (and the
-//!   Q6_K `-32`) are folded into the panel when it is unpacked, once per unit, instead of per
-//!   token tile. That is why the operands are bf16 and not int8: the products `sc · q` of a
-//!   Q4_K sub-block (up to 945) or a Q6_K one (up to ±4064 × scale) do not fit a byte, so an int8
+//! * **AMX** (`tdpbf16ps`, tiles driven by stable `asm!`, module `amx`): the *weights* are the
+//!   A operand (row-major `[16 rows][32]` bf16 tiles, so the unpack writes rows as they come,
+//!   no transpose) and the activations the B operand (`[16 pairs][16 tokens][2]`, interleaved
+//!   once per matmul). C tiles `[16 rows, 16 tokens]` f32 accumulate across the whole `K` in
+//!   the tile registers — no int32 store-and-rescale after every 32- or 16-element sub-block —
+//!   and are transposed into `out` once. The K-quant sub-block scales and mins (and the Q6_K
+//!   `-32`) are folded into the panel when it is unpacked, once per unit, instead of per token
+//!   tile. That is why the operands are bf16 and not int8: the products `sc · q` of a Q4_K
+//!   sub-block (up to 945) or a Q6_K one (up to ±4064 × scale) do not fit a byte, so an int8
 //!   tile path has to leave the tile unit every sub-block (llama.cpp's AMX path does, and runs
 //!   at ≈ 7 % of the tile peak).
-//! * **Fallback** for CPUs without AMX: the same panel and loop, with an f32 FMA micro-kernel
-//!   compiled for AVX-512F, AVX2+FMA or baseline x86-64 (one generic body, three
-//!   `#[target_feature]` instantiations).
+//! * **Fallback** for CPUs without AMX: per slice of [`KC`] columns a transposed panel and an
+//!   f32 FMA micro-kernel compiled for AVX-512F, AVX2+FMA or baseline x86-64 (one generic
+//!   body, three `#[target_feature]` instantiations).
 //!
-//! Operand layouts (bf16 = the upper half of an f32, rounded to nearest even):
-//! * activations [`PackedActs`]: `[t_pad / 16][k / 32][16 tokens][32]` bf16, `t_pad` a multiple
-//!   of 32 with zero rows — each AMX A tile (16 tokens × 32 k) is 1 KiB contiguous, so the
-//!   micro-kernel streams tiles instead of 16 rows `2k` bytes apart;
-//! * panel: `[groups][k / 32][16 pairs][16 rows]` u32, each u32 holding the bf16 pair
-//!   `(w[r][2p], w[r][2p + 1])` — exactly an AMX B tile (1 KiB) per group and k-step.
+//! Operand layouts (bf16 = the upper half of an f32, rounded to nearest even; two bf16 per
+//! u32, the lower element in the low half):
+//! * activations [`PackedActs`], [`ActLayout::Rows`] (fallback paths):
+//!   `[t_pad / 16][k / 32][16 tokens][32]` bf16, `t_pad` a multiple of 32 with zero rows — one
+//!   `16 × 32` tile is 1 KiB contiguous, so the micro-kernel streams tiles instead of 16 rows
+//!   `2k` bytes apart;
+//! * activations, [`ActLayout::Pairs`] (AMX): `[t_pad / 16][k / 32][16 pairs][16 tokens]` u32
+//!   bf16 pairs `(x[t][2p], x[t][2p + 1])` — exactly an AMX B tile per token tile and k-step;
+//! * fallback panel: `[groups][k / 32][16 pairs][16 rows]` u32 bf16 pairs of the weights;
+//! * AMX panel: `[row tiles][k / 32][16 rows][32]` bf16.
 //!
 //! [`gemm_ref`] is the scalar twin (dequantize a row with `damascus_quant`, round both operands
 //! to bf16, sum in f32) every path is tested against.
 
 #[cfg(target_arch = "x86_64")]
-mod amx;
+pub(crate) mod amx;
 pub mod int8;
-mod micro;
+pub(crate) mod micro;
 #[cfg(test)]
 mod tests;
 mod unpack;
@@ -71,6 +78,15 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 #[inline(always)]
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
+}
+
+/// How [`PackedActs`] lays out its tiles (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActLayout {
+    /// `[t_pad / 16][k / 32][16 tokens][32]` bf16: the f32 fallback micro-kernels.
+    Rows,
+    /// `[t_pad / 16][k / 32][16 pairs][16 tokens][2]` bf16: AMX B tiles.
+    Pairs,
 }
 
 /// Which micro-kernel a GEMM runs.
@@ -121,6 +137,14 @@ impl GemmPath {
         .collect()
     }
 
+    /// The activation layout the path reads.
+    pub fn act_layout(self) -> ActLayout {
+        match self {
+            GemmPath::Amx => ActLayout::Pairs,
+            _ => ActLayout::Rows,
+        }
+    }
+
     /// Short name (`"amx-bf16"`).
     pub fn name(self) -> &'static str {
         match self {
@@ -137,14 +161,16 @@ impl GemmPath {
 pub struct PackedActs {
     n_tokens: usize,
     k: usize,
-    /// `[t_pad / 16][k / 32][16][32]` bf16 bits, tokens `n_tokens..t_pad` zero.
-    data: Vec<u16>,
+    layout: ActLayout,
+    /// `t_pad * k / 2` u32 bf16 pairs in `layout`, tokens `n_tokens..t_pad` zero.
+    data: Vec<u32>,
 }
 
 impl PackedActs {
-    /// Packs `x` (`[n_tokens, k]` f32 row-major, `k` a multiple of 32).
+    /// Packs `x` (`[n_tokens, k]` f32 row-major, `k` a multiple of 32) in the
+    /// [`ActLayout::Rows`] layout.
     pub fn new(x: &[f32], n_tokens: usize, k: usize) -> Result<PackedActs, KernelError> {
-        PackedActs::new_with(x, n_tokens, k, None)
+        PackedActs::with_layout(ActLayout::Rows, x, n_tokens, k, None)
     }
 
     /// [`PackedActs::new`], split by token tiles over `pool`.
@@ -154,17 +180,45 @@ impl PackedActs {
         k: usize,
         pool: Option<&ThreadPool>,
     ) -> Result<PackedActs, KernelError> {
+        PackedActs::with_layout(ActLayout::Rows, x, n_tokens, k, pool)
+    }
+
+    /// Packs `x` in the layout `path` reads ([`GemmPath::act_layout`]).
+    pub fn for_path(
+        path: GemmPath,
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<PackedActs, KernelError> {
+        PackedActs::with_layout(path.act_layout(), x, n_tokens, k, pool)
+    }
+
+    /// Packs `x` in `layout`, split by token tiles over `pool`.
+    pub fn with_layout(
+        layout: ActLayout,
+        x: &[f32],
+        n_tokens: usize,
+        k: usize,
+        pool: Option<&ThreadPool>,
+    ) -> Result<PackedActs, KernelError> {
         let mut p = PackedActs {
             n_tokens: 0,
             k: 0,
+            layout,
             data: Vec::new(),
         };
         p.repack(x, n_tokens, k, pool)?;
         Ok(p)
     }
 
-    /// Packs `x` (`[n_tokens, k]`) into this buffer, reusing its allocation (a prompt's
-    /// matmuls pack every input: fresh pages would cost more than the packing).
+    /// The layout of the tiles.
+    pub fn layout(&self) -> ActLayout {
+        self.layout
+    }
+
+    /// Packs `x` (`[n_tokens, k]`) into this buffer in its layout, reusing its allocation (a
+    /// prompt's matmuls pack every input: fresh pages would cost more than the packing).
     pub fn repack(
         &mut self,
         x: &[f32],
@@ -185,23 +239,39 @@ impl PackedActs {
         self.k = k;
         // Every element is written below (padding tokens as zeros), so stale contents of a
         // reused buffer never leak.
-        self.data.resize(t_pad * k, 0);
-        let data = &mut self.data[..t_pad * k];
-        let nks = k / KSTEP;
-        let tile_elems = nks * TILE * KSTEP; // one token tile: [nks][16][32]
-        // Token tile `tt` owns data[tt * tile_elems..][..tile_elems].
-        let pack = |tt: usize, dst: &mut [u16]| {
-            let mut row = vec![0u16; k]; // [k] bf16 one token
-            for ti in 0..TILE {
-                let t = tt * TILE + ti;
-                if t < n_tokens {
-                    micro::to_bf16(&x[t * k..(t + 1) * k], &mut row);
-                } else {
-                    row.fill(0);
+        self.data.resize(t_pad * k / 2, 0);
+        let data = &mut self.data[..t_pad * k / 2];
+        let tile_words = k / 2 * TILE; // one token tile: [nks][16][16] u32
+        let layout = self.layout;
+        // Token tile `tt` owns data[tt * tile_words..][..tile_words].
+        let pack = |tt: usize, dst: &mut [u32]| {
+            let valid = n_tokens.saturating_sub(tt * TILE).min(TILE);
+            let first = (tt * TILE).min(n_tokens);
+            let src = &x[first * k..(first + valid) * k];
+            match layout {
+                ActLayout::Rows => {
+                    let mut row = vec![0u16; k]; // [k] bf16 one token
+                    for ti in 0..TILE {
+                        if ti < valid {
+                            micro::to_bf16(&src[ti * k..(ti + 1) * k], &mut row);
+                        } else {
+                            row.fill(0);
+                        }
+                        for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
+                            let at = (s * TILE + ti) * (KSTEP / 2);
+                            for (d, pair) in
+                                dst[at..at + KSTEP / 2].iter_mut().zip(seg.chunks_exact(2))
+                            {
+                                *d = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
+                            }
+                        }
+                    }
                 }
-                for (s, seg) in row.chunks_exact(KSTEP).enumerate() {
-                    let at = (s * TILE + ti) * KSTEP;
-                    dst[at..at + KSTEP].copy_from_slice(seg);
+                ActLayout::Pairs if valid == TILE => micro::pack_group(src, k, dst),
+                ActLayout::Pairs => {
+                    let mut rows = vec![0f32; TILE * k]; // [16, k] f32 zero-padded tail tile
+                    rows[..src.len()].copy_from_slice(src);
+                    micro::pack_group(&rows, k, dst);
                 }
             }
         };
@@ -209,24 +279,24 @@ impl PackedActs {
         match pool {
             Some(p) if p.n_threads() > 1 && n_tt > 1 => {
                 let nt = p.n_threads();
-                let mut chunks: Vec<std::sync::Mutex<(usize, &mut [u16])>> = Vec::new();
+                let mut chunks: Vec<std::sync::Mutex<(usize, &mut [u32])>> = Vec::new();
                 let mut rest = &mut data[..];
                 for t in 0..nt {
                     let r = split_range(n_tt, 1, t, nt);
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * tile_elems);
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * tile_words);
                     rest = tail;
                     chunks.push(std::sync::Mutex::new((r.start, head)));
                 }
                 p.run(&|t, _| {
                     let mut g = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
                     let (first, ref mut dst) = *g;
-                    for (i, tile) in dst.chunks_exact_mut(tile_elems).enumerate() {
+                    for (i, tile) in dst.chunks_exact_mut(tile_words).enumerate() {
                         pack(first + i, tile);
                     }
                 });
             }
             _ => {
-                for (tt, tile) in data.chunks_exact_mut(tile_elems).enumerate() {
+                for (tt, tile) in data.chunks_exact_mut(tile_words).enumerate() {
                     pack(tt, tile);
                 }
             }
@@ -244,15 +314,25 @@ impl PackedActs {
         self.k
     }
 
-    /// Token `t`, element `i` (bf16 bits).
-    pub fn get(&self, t: usize, i: usize) -> u16 {
-        let nks = self.k / KSTEP;
-        self.data[((t / TILE * nks + i / KSTEP) * TILE + t % TILE) * KSTEP + i % KSTEP]
+    /// Token tile pairs (`t_pad / 32`).
+    fn n_tile_pairs(&self) -> usize {
+        (self.data.len() * 2).checked_div(self.k).unwrap_or(0) / (2 * TILE)
     }
 
-    /// Start of the A tile of token tile `tt` (tokens `16 tt..16 tt + 16`) at k-step `s`.
-    fn tile(&self, tt: usize, s: usize) -> *const u16 {
-        self.data[(tt * (self.k / KSTEP) + s) * TILE * KSTEP..].as_ptr()
+    /// Token `t`, element `i` (bf16 bits).
+    pub fn get(&self, t: usize, i: usize) -> u16 {
+        let tile = (t / TILE * (self.k / KSTEP) + i / KSTEP) * TILE * TILE; // u32 index
+        let word = match self.layout {
+            ActLayout::Rows => tile + (t % TILE) * TILE + (i % KSTEP) / 2,
+            ActLayout::Pairs => tile + (i % KSTEP) / 2 * TILE + t % TILE,
+        };
+        (self.data[word] >> (16 * (i % 2))) as u16
+    }
+
+    /// Start of the tile of token tile `tt` (tokens `16 tt..16 tt + 16`) at k-step `s`:
+    /// 1 KiB, `nks - s` such tiles follow contiguously.
+    fn tile(&self, tt: usize, s: usize) -> *const u32 {
+        self.data[(tt * (self.k / KSTEP) + s) * TILE * TILE..].as_ptr()
     }
 }
 
@@ -317,6 +397,9 @@ impl WeightRef<'_> {
 
 fn check_io(w: &WeightRef<'_>, x: &PackedActs, out: &[f32]) -> Result<(), KernelError> {
     w.check()?;
+    if x.data.len() < x.n_tokens * x.k / 2 {
+        return Err(KernelError::BadShape("gemm: activations not packed".into()));
+    }
     if x.k != w.cols {
         return Err(KernelError::BadShape(format!(
             "gemm: activations have {} columns, the matrix {}",
@@ -396,7 +479,7 @@ struct CTiles {
     stride: [usize; 4],
 }
 
-/// One micro-kernel call: 2 token tiles × 2 row groups over `nks` k-steps.
+/// One f32 micro-kernel call: 2 token tiles × 2 row groups over `nks` k-steps.
 struct MicroArgs {
     /// Token tiles: `nks` contiguous `[16 tokens][32]` bf16 tiles each.
     a: [*const u16; 2],
@@ -426,9 +509,21 @@ pub fn gemm(
             path.name()
         )));
     }
+    if x.layout != path.act_layout() {
+        return Err(KernelError::BadShape(format!(
+            "gemm: path {} reads {:?} activations, these are packed as {:?}",
+            path.name(),
+            path.act_layout(),
+            x.layout
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if path == GemmPath::Amx {
+        return amx::gemm_tiles(amx::Step::Tiles, w, x, out, pool);
+    }
     let nt = pool.map_or(1, |p| p.n_threads());
     let n_rb = w.rows.div_ceil(MC);
-    let n_tp = x.data.len() / w.cols / (2 * TILE); // token tile pairs (t_pad / 32)
+    let n_tp = x.n_tile_pairs();
     if n_tp == 0 {
         return Ok(());
     }
@@ -444,8 +539,6 @@ pub fn gemm(
         let mut panel = vec![0u32; (MC / TILE) * (kc_max / KSTEP) * TILE * TILE]; // [MC/16][kc/32][16][16]
         let mut scratch = vec![0f32; TILE * kc_max]; // [16, kc] f32 dequantized rows
         let mut ctile = [[0f32; TILE * TILE]; 4]; // [4][16 tokens][16 rows] edge C tiles
-        #[cfg(target_arch = "x86_64")]
-        let _amx = (path == GemmPath::Amx).then(amx::TileGuard::new);
         loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
             if u >= n_units {
@@ -508,7 +601,7 @@ pub fn gemm(
                                 }
                             }
                         }
-                        let a_base = |i: usize| x.tile(t0 / TILE + i, k0 / KSTEP);
+                        let a_base = |i: usize| x.tile(t0 / TILE + i, k0 / KSTEP).cast::<u16>();
                         let b_base = |j: usize| panel[g[j] * nks * TILE * TILE..].as_ptr();
                         let args = MicroArgs {
                             a: [a_base(0), a_base(1)],
@@ -565,17 +658,15 @@ unsafe impl Sync for SendPtr {}
 // SAFETY: as above.
 unsafe impl Send for SendPtr {}
 
-/// Dispatches one micro-kernel call.
+/// Dispatches one f32 micro-kernel call (the AMX path has its own driver, `amx`).
 ///
 /// # Safety
 /// `path` must be available on this CPU, and `args` must describe valid memory (see
-/// [`MicroArgs`]); for AMX the calling thread's tiles must be configured ([`amx::TileGuard`]).
+/// [`MicroArgs`]).
 unsafe fn run_micro(path: GemmPath, args: &MicroArgs) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match path {
-            #[cfg(target_arch = "x86_64")]
-            GemmPath::Amx => amx::micro_2x2(args),
             #[cfg(target_arch = "x86_64")]
             GemmPath::Avx512 => micro::micro_avx512(args),
             #[cfg(target_arch = "x86_64")]

@@ -44,14 +44,16 @@ fn check_case(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Opt
         rows,
         cols: k,
     };
-    let x = PackedActs::new(&rand_vec(n_tokens * k, 7 + n_tokens as u64), n_tokens, k).unwrap();
+    let xs = rand_vec(n_tokens * k, 7 + n_tokens as u64);
+    let x = PackedActs::new(&xs, n_tokens, k).unwrap();
     let mut want = vec![0f32; n_tokens * rows];
     gemm_ref(w, &x, &mut want).unwrap();
     // Σ|w|·|x| bounds the rounding of any summation order.
     let scale: f32 = (k as f32).sqrt();
     for path in GemmPath::available() {
         let mut got = vec![f32::NAN; n_tokens * rows];
-        gemm(path, w, &x, &mut got, pool).unwrap();
+        let xp = PackedActs::for_path(path, &xs, n_tokens, k, pool).unwrap();
+        gemm(path, w, &xp, &mut got, pool).unwrap();
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
@@ -124,6 +126,11 @@ fn bad_shapes_are_errors() {
     assert!(gemm(GemmPath::Scalar, short, &x, &mut out, None).is_err());
     assert!(WeightRef { rows: 8, ..w }.unsupported().is_some());
     assert!(PackedActs::new(&[0.0; 3], 2, 2).is_err());
+    // Activations packed for another path.
+    let xp =
+        PackedActs::with_layout(ActLayout::Pairs, &rand_vec(2 * 256, 1), 2, 256, None).unwrap();
+    let mut out = vec![0f32; 32];
+    assert!(gemm(GemmPath::Scalar, w, &xp, &mut out, None).is_err());
 }
 
 #[test]
@@ -173,6 +180,37 @@ fn fast_unpack_is_bit_exact() {
 }
 
 #[test]
+fn transposed_store_matches_scalar_twin() {
+    let tile = rand_vec(TILE * TILE, 9);
+    for valid in [0, 1, 7, 16] {
+        let stride = 37;
+        let (mut a, mut b) = (vec![-1f32; 16 * stride], vec![-1f32; 16 * stride]);
+        // SAFETY: 16 runs of `stride` >= 16 floats.
+        unsafe {
+            super::micro::store_transposed(&tile, a.as_mut_ptr(), stride, valid);
+            super::micro::store_transposed_scalar(&tile, b.as_mut_ptr(), stride, valid);
+        }
+        assert_eq!(a, b, "valid {valid}");
+        if valid > 3 {
+            assert_eq!(a[3 * stride + 5], tile[5 * TILE + 3]);
+        }
+    }
+}
+
+#[test]
+fn strided_bf16_rows() {
+    let row = rand_vec(96, 4);
+    let mut dst = vec![7u16; 2 * 512 + 32];
+    super::micro::to_bf16_strided(&row, &mut dst, 512);
+    for s in 0..3 {
+        for i in 0..32 {
+            assert_eq!(dst[s * 512 + i], f32_to_bf16(row[32 * s + i]));
+        }
+    }
+    assert_eq!(dst[32], 7);
+}
+
+#[test]
 fn pack_group_matches_scalar_twin() {
     let kc = 96;
     let mut rows = rand_vec(TILE * kc, 5);
@@ -191,12 +229,20 @@ fn pack_group_matches_scalar_twin() {
 #[test]
 fn packing_over_threads_matches_serial() {
     let pool = ThreadPool::new(3);
-    for &t in &[1, 15, 16, 17, 50, 97] {
-        let x = rand_vec(t * 96, t as u64);
-        let a = PackedActs::new(&x, t, 96).unwrap();
-        let b = PackedActs::new_with(&x, t, 96, Some(&pool)).unwrap();
-        assert_eq!(a.data, b.data, "{t} tokens");
-        assert_eq!(a.get(t - 1, 95), f32_to_bf16(x[t * 96 - 1]));
+    for layout in [ActLayout::Rows, ActLayout::Pairs] {
+        for &t in &[1, 15, 16, 17, 50, 97] {
+            let x = rand_vec(t * 96, t as u64);
+            let a = PackedActs::with_layout(layout, &x, t, 96, None).unwrap();
+            let b = PackedActs::with_layout(layout, &x, t, 96, Some(&pool)).unwrap();
+            assert_eq!(a.data, b.data, "{layout:?} {t} tokens");
+            for (tok, i) in [(t - 1, 95), (0, 0), (t / 2, 33), (t - 1, 64)] {
+                assert_eq!(
+                    a.get(tok, i),
+                    f32_to_bf16(x[tok * 96 + i]),
+                    "{layout:?} {tok} {i}"
+                );
+            }
+        }
     }
 }
 
@@ -206,9 +252,22 @@ fn reused_buffers_equal_fresh_ones() {
     let pool = ThreadPool::new(2);
     let k = 96;
     let (mut p, mut q) = (None::<PackedActs>, None::<super::int8::QActs>);
+    let mut pp = None::<PackedActs>;
     for (i, n) in [40usize, 3, 33, 1, 70].into_iter().enumerate() {
         let x = rand_vec(n * k, 100 + i as u64);
         let fresh = PackedActs::new(&x, n, k).unwrap();
+        let fresh_pairs = PackedActs::with_layout(ActLayout::Pairs, &x, n, k, None).unwrap();
+        match &mut pp {
+            Some(pp) => pp.repack(&x, n, k, Some(&pool)).unwrap(),
+            None => {
+                pp = Some(PackedActs::with_layout(ActLayout::Pairs, &x, n, k, Some(&pool)).unwrap())
+            }
+        }
+        assert_eq!(
+            pp.as_ref().unwrap().data,
+            fresh_pairs.data,
+            "pairs pack, n {n}"
+        );
         let fq = super::int8::QActs::new(&x, n, k, None).unwrap();
         match (&mut p, &mut q) {
             (Some(p), Some(q)) => {

@@ -59,6 +59,9 @@ pub struct CpuBackend {
     /// AMX) where the weight type allows; `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel
     /// f32 GEMM.
     int8: Option<gemm::int8::Int8Path>,
+    /// Prompt attention on AMX tiles (with the AMX GEMM; `DAMASCUS_ATTN_AMX=0` keeps the f32
+    /// flash kernel).
+    attn_amx: bool,
     /// `DAMASCUS_PROFILE=1`: per-op wall time, printed to stderr on drop.
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
@@ -103,11 +106,14 @@ impl CpuBackend {
             _ => None,
         }
         .filter(|p| p.is_available());
+        let attn_amx = gemm == Some(GemmPath::Amx)
+            && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
             gemm,
             int8,
+            attn_amx,
             prof: OpProfile::from_env(),
             gemm_bufs: Mutex::new((None, None)),
         }
@@ -187,19 +193,15 @@ fn append_kv<T>(
     hd: usize,
     n_ctx: usize,
     pos0: usize,
-    conv: impl Fn(f32) -> T,
+    conv: impl Fn(&[f32], &mut [T]),
 ) {
     let kv_width = n_head_kv * hd;
     for t in 0..kk.len() / kv_width.max(1) {
         for h in 0..n_head_kv {
             let src = t * kv_width + h * hd..t * kv_width + (h + 1) * hd;
             let dst = (h * n_ctx + pos0 + t) * hd;
-            for (d, &x) in kc[dst..dst + hd].iter_mut().zip(&kk[src.clone()]) {
-                *d = conv(x);
-            }
-            for (d, &x) in vc[dst..dst + hd].iter_mut().zip(&v[src]) {
-                *d = conv(x);
-            }
+            conv(&kk[src.clone()], &mut kc[dst..dst + hd]);
+            conv(&v[src], &mut vc[dst..dst + hd]);
         }
     }
 }
@@ -697,9 +699,8 @@ impl CpuBackend {
                     || "bf16 acts (pack)".into(),
                     || match &mut bufs.0 {
                         Some(p) => p.repack(&x.data, n, x.width, pool),
-                        slot @ None => {
-                            PackedActs::new_with(&x.data, n, x.width, pool).map(|p| *slot = Some(p))
-                        }
+                        slot @ None => PackedActs::for_path(path, &x.data, n, x.width, pool)
+                            .map(|p| *slot = Some(p)),
                     },
                 );
                 r.map_err(|e| kernel_err("gemm input", e))?;
@@ -1054,7 +1055,9 @@ impl Backend for CpuBackend {
                         (Some(kc), Some(vc)) => (kc, vc),
                         _ => return Err(no_layer()),
                     };
-                    append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |x| x);
+                    append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |s, d| {
+                        d.copy_from_slice(s)
+                    });
                     return self.attention_f32(kc, vc, shape, n_ctx, pos0, q, out);
                 }
             };
@@ -1071,7 +1074,7 @@ impl Backend for CpuBackend {
                 hd,
                 n_ctx,
                 pos0,
-                quantdot::f32_to_f16,
+                damascus_kernels::elementwise::f32_to_f16_slice,
             );
             let dshape = DecodeShape {
                 n_head: shape.n_head,
@@ -1088,6 +1091,20 @@ impl Backend for CpuBackend {
                     vc,
                     dshape,
                     pos0 + 1,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if self.attn_amx && damascus_kernels::attn_amx::is_available(hd) {
+                // A prompt on AMX: Q·Kᵀ and P·V as bf16 tile GEMMs per 32 queries.
+                return damascus_kernels::attn_amx::attn_prefill_amx(
+                    &q.data,
+                    kc,
+                    vc,
+                    dshape,
+                    pos0,
                     &mut out.data,
                     Some(&self.pool),
                 )

@@ -1,0 +1,498 @@
+//! Prefill attention on AMX-BF16 tiles: causal GQA attention of a block of new query tokens
+//! over a head-major f16 KV cache, as two tile GEMMs per block of 32 queries with an exact
+//! (two-pass) softmax between them.
+//!
+//! **Precision.** bf16 operands alone (8 significant bits) are not enough: SmolLM2's
+//! massive activations give scores of ±100, and rounding Q and K to bf16 moved its logits by
+//! a cosine of 1.4e-3. So every operand is split into `hi = bf16(x)` and `lo = bf16(x − hi)`
+//! (exact for the f16 keys and values, ≈ 16 bits for the f32 queries and probabilities) and
+//! each product is `hi·hi + hi·lo + lo·hi`, laid out as three k-passes in one tile stream:
+//! the results are within f32-like rounding of the f32 decode kernel, for 3× the tile work
+//! (which is small next to the rest of a prompt).
+//!
+//! Phase 1 (jobs of 32 keys of one KV head, split over the pool) packs the visible keys and
+//! values once into AMX B-operand tiles (bf16 pairs, see [`crate::gemm`]'s module docs):
+//! * keys, per key tile `[hi, lo, hi][head_dim / 32][16 dim pairs][16 keys]`: `S = Q · Kᵀ`
+//!   needs pairs along the head dimension;
+//! * values, per dim tile and key step `[hi, lo, hi][16 key pairs][16 dims]`: `O = P · V`
+//!   needs pairs along the keys.
+//!
+//! Phase 2, a unit = one query head × 32 query tokens:
+//! 1. the queries become A tiles (`[hi, hi, lo][16 queries][32 dims]` per k-step);
+//! 2. `S` (`[32, keys]` f32) by 2 × 2 tile steps over the key tiles the block can see;
+//! 3. per query: causal mask, `p = exp(scale · (s − max))` and `Σp` in f32, then split into
+//!    A tiles (`[hi, hi, lo]` per key step);
+//! 4. `O = P · V` by 2 × 2 tile steps over the head dimension, each a full reduction over the
+//!    visible keys, scaled by `1 / Σp` into `out`.
+//!
+//! Token `t` of the prompt sees positions `0..=pos0 + t`. The tests run the same driver on
+//! the scalar tile emulation and compare with the per-token decode kernel (f32), and on AMX
+//! machines the tiles themselves.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::attn_decode::{DecodeShape, KvLayout};
+use crate::elementwise::{exp_fast, f16_to_f32_slice};
+use crate::gemm::amx::{Step, TileArgs, TileGuard, run_step};
+use crate::gemm::micro::{pack_group, to_bf16_strided};
+use crate::gemm::{GemmPath, KSTEP, TILE, bf16_to_f32, f32_to_bf16};
+use crate::pool::{ThreadPool, split_range};
+use crate::quantdot::KernelError;
+
+/// Query tokens per unit (two A tiles).
+pub const QB: usize = 2 * TILE;
+
+/// Whether [`attn_prefill_amx`] can run here for `head_dim` (AMX-BF16 granted, `head_dim` a
+/// multiple of 32).
+pub fn is_available(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(KSTEP) && GemmPath::Amx.is_available()
+}
+
+thread_local! {
+    /// The caller's packed keys and values, kept between calls (one prompt calls once per
+    /// layer).
+    static KV: RefCell<(Vec<u32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Causal attention of `n_tokens` queries at positions `pos0..pos0 + n_tokens` on AMX tiles.
+///
+/// * `q`: `[n_tokens, n_head, head_dim]` f32 (rotated)
+/// * `k`, `v`: `[n_head_kv, n_ctx, head_dim]` f16 bits (head-major), positions
+///   `0..pos0 + n_tokens` written
+/// * `out`: `[n_tokens, n_head, head_dim]` f32
+///
+/// Errors on inconsistent shapes or where [`is_available`] is false.
+pub fn attn_prefill_amx(
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    pos0: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    let hd = shape.head_dim;
+    if !is_available(hd) {
+        return Err(KernelError::BadShape(format!(
+            "AMX prefill attention is not available here for head_dim {hd}"
+        )));
+    }
+    run(Step::Tiles, q, k, v, shape, pos0, out, pool)
+}
+
+/// The driver on `step` (tiles or their emulation).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    step: Step,
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: DecodeShape,
+    pos0: usize,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    let DecodeShape {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        layout,
+    } = shape;
+    let KvLayout::HeadMajor { n_ctx } = layout else {
+        return Err(KernelError::BadShape(
+            "prefill attention needs a head-major cache".into(),
+        ));
+    };
+    if n_head_kv == 0 || hd == 0 || !hd.is_multiple_of(KSTEP) || !n_head.is_multiple_of(n_head_kv) {
+        return Err(KernelError::BadShape(format!(
+            "AMX prefill attention: n_head {n_head}, n_head_kv {n_head_kv}, head_dim {hd} \
+             (needs a multiple and head_dim a multiple of 32)"
+        )));
+    }
+    let width = n_head * hd;
+    if q.len() != out.len() || !q.len().is_multiple_of(width) {
+        return Err(KernelError::BadShape(format!(
+            "q/out hold {}/{} floats, not a whole number of {width}-float tokens",
+            q.len(),
+            out.len()
+        )));
+    }
+    let n_tokens = q.len() / width;
+    let need = n_head_kv * n_ctx * hd;
+    if pos0 + n_tokens > n_ctx || k.len() < need || v.len() < need {
+        return Err(KernelError::BadShape(format!(
+            "k/v caches hold {}/{} halves for {n_ctx} positions; need positions up to {}",
+            k.len(),
+            v.len(),
+            pos0 + n_tokens
+        )));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let n_keys = pos0 + n_tokens;
+    let lp = n_keys.next_multiple_of(2 * TILE); // padded keys
+    // One key tile: [3][hd / 32][16][16] u32 (hi, lo, hi); one value key step of a dim
+    // tile: [3][16][16] (hi, lo, hi).
+    let kt_words = 3 * hd * TILE / 2;
+    let head_words_k = lp / TILE * kt_words;
+    let vs_words = 3 * TILE * TILE;
+    let head_words_v = hd / TILE * (lp / KSTEP) * vs_words;
+    let nt = pool.map_or(1, |p| p.n_threads());
+    KV.with_borrow_mut(|(kp, vp)| {
+        kp.resize(n_head_kv * head_words_k, 0);
+        vp.resize(n_head_kv * head_words_v, 0);
+        // Phase 1: jobs (K or V, head, block of 32 keys), split over the threads; each job
+        // widens its 32 cache rows (contiguous, head-major) and writes its own tiles.
+        {
+            let steps = lp / KSTEP;
+            let n_jobs = 2 * n_head_kv * steps;
+            let (kptr, vptr) = (WordPtr(kp.as_mut_ptr()), WordPtr(vp.as_mut_ptr()));
+            let pack = |t: usize, nt: usize| {
+                let (kptr, vptr) = (&kptr, &vptr);
+                let mut rows = vec![0f32; KSTEP * hd]; // [32 keys, hd] f32
+                let mut tiles = vec![0u32; kt_words]; // one key tile: [3][hd / 32][16][16]
+                let mut low = vec![0f32; TILE * hd]; // [16 keys, hd] f32 residuals
+                for j in split_range(n_jobs, 1, t, nt) {
+                    let (is_v, h, s) = (j >= n_head_kv * steps, j / steps % n_head_kv, j % steps);
+                    let cache = if is_v { v } else { k };
+                    let first = s * KSTEP;
+                    let valid = n_keys.saturating_sub(first).min(KSTEP);
+                    let src = &cache[(h * n_ctx + first) * hd..][..valid * hd];
+                    f16_to_f32_slice(src, &mut rows[..valid * hd]);
+                    rows[valid * hd..].fill(0.0);
+                    if !is_v {
+                        let part = hd * TILE / 2;
+                        for half in 0..2 {
+                            let r = &rows[half * TILE * hd..(half + 1) * TILE * hd];
+                            for (l, &x) in low.iter_mut().zip(r) {
+                                *l = x - bf16_to_f32(f32_to_bf16(x));
+                            }
+                            pack_group(r, hd, &mut tiles[..part]);
+                            pack_group(&low, hd, &mut tiles[part..2 * part]);
+                            tiles.copy_within(..part, 2 * part);
+                            let at = h * head_words_k + (2 * s + half) * kt_words;
+                            // SAFETY: key tile 2 s + half of head h, inside `kp`; jobs write
+                            // disjoint tiles.
+                            unsafe { kptr.write(at, &tiles) };
+                        }
+                    } else {
+                        let mut tile = [0u32; 3 * TILE * TILE]; // [hi, lo, hi][16 pairs][16 dims]
+                        for dt in 0..hd / TILE {
+                            for p in 0..TILE {
+                                let (e, o) = (&rows[2 * p * hd..], &rows[(2 * p + 1) * hd..]);
+                                for n in 0..TILE {
+                                    let d = dt * TILE + n;
+                                    let (he, ho) = (f32_to_bf16(e[d]), f32_to_bf16(o[d]));
+                                    let le = f32_to_bf16(e[d] - bf16_to_f32(he));
+                                    let lo = f32_to_bf16(o[d] - bf16_to_f32(ho));
+                                    tile[p * TILE + n] = u32::from(he) | (u32::from(ho) << 16);
+                                    tile[(TILE + p) * TILE + n] =
+                                        u32::from(le) | (u32::from(lo) << 16);
+                                }
+                            }
+                            tile.copy_within(..TILE * TILE, 2 * TILE * TILE);
+                            let at = h * head_words_v + (dt * steps + s) * vs_words;
+                            // SAFETY: dim tile dt, key step s of head h, inside `vp`; jobs
+                            // write disjoint tiles.
+                            unsafe { vptr.write(at, &tile) };
+                        }
+                    }
+                }
+            };
+            match pool {
+                Some(p) if nt > 1 => p.run(&pack),
+                _ => pack(0, 1),
+            }
+        }
+        // Phase 2: units (query head, query block), later blocks first (they see more keys).
+        let (kp, vp) = (&kp[..], &vp[..]);
+        let n_qb = n_tokens.div_ceil(QB);
+        let n_units = n_head * n_qb;
+        let next = AtomicUsize::new(0);
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let group = n_head / n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let nks_d = hd / KSTEP;
+        let work = |_t: usize, _nt: usize| {
+            let out_ptr = &out_ptr;
+            let _tiles = (step == Step::Tiles).then(TileGuard::new);
+            // [2][3][hd / 32][16][32] bf16 query tiles (hi, hi, lo)
+            let mut qa = vec![0u16; 3 * QB * hd];
+            let mut qlow = vec![0f32; hd]; // one query's residuals
+            let mut s = vec![0f32; QB * lp]; // [32, lp] f32 scores
+            // [2][lp / 32][3][16][32] bf16 probabilities per step: hi, hi, lo (× V hi, lo, hi)
+            let mut pa = vec![0u16; 3 * QB * lp];
+            let mut plow = vec![0f32; lp]; // one row's residuals
+            let mut inv = [0f32; QB]; // 1 / Σp per query
+            let mut c = [0f32; 4 * TILE * TILE]; // [4][16][16] f32 C tiles
+            loop {
+                let u = next.fetch_add(1, Ordering::Relaxed);
+                if u >= n_units {
+                    break;
+                }
+                let (qb, hq) = (n_qb - 1 - u / n_head, u % n_head);
+                let hk = hq / group;
+                let t0 = qb * QB;
+                let nq = (n_tokens - t0).min(QB);
+                let seen = pos0 + t0 + nq; // keys the last query of the block sees
+                let ls = seen.next_multiple_of(2 * TILE);
+                // 1. Query tiles (rows past the prompt zero).
+                let qt = 3 * nks_d * TILE * KSTEP; // one query tile's elements
+                for m in 0..QB {
+                    let at = m / TILE * qt + m % TILE * KSTEP;
+                    let part = nks_d * TILE * KSTEP;
+                    if m < nq {
+                        let row = &q[(t0 + m) * width + hq * hd..][..hd];
+                        for (l, &x) in qlow.iter_mut().zip(row) {
+                            *l = x - bf16_to_f32(f32_to_bf16(x));
+                        }
+                        to_bf16_strided(row, &mut qa[at..], TILE * KSTEP);
+                        to_bf16_strided(row, &mut qa[at + part..], TILE * KSTEP);
+                        to_bf16_strided(&qlow, &mut qa[at + 2 * part..], TILE * KSTEP);
+                    } else {
+                        for st in 0..3 * nks_d {
+                            qa[at + st * TILE * KSTEP..][..KSTEP].fill(0);
+                        }
+                    }
+                }
+                // 2. Scores, key tile pairs.
+                // Three k-passes in one stream: Qhi·Khi + Qhi·Klo + Qlo·Khi (the keys are
+                // exact as hi + lo, the queries to ≈ 16 bits: scores of ±100 with bf16
+                // operands alone moved SmolLM2's logits by a cosine of 1.4e-3).
+                let kh = &kp[hk * head_words_k..(hk + 1) * head_words_k];
+                for kpair in 0..ls / (2 * TILE) {
+                    let args = TileArgs {
+                        a: [qa.as_ptr(), qa[qt..].as_ptr()],
+                        b: [2 * kpair, 2 * kpair + 1].map(|kt| kh[kt * kt_words..].as_ptr()),
+                        nks: 3 * nks_d,
+                        c: c.as_mut_ptr(),
+                    };
+                    // SAFETY: query tiles hold 3 nks_d tiles per A tile, each key tile
+                    // 3 nks_d tiles (kt < lp / 16), C is 4 KiB; tiles configured for
+                    // `Step::Tiles`.
+                    unsafe { run_step(step, &args) };
+                    for i in 0..2 {
+                        for j in 0..2 {
+                            let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                            for m in 0..TILE {
+                                let row = (TILE * j + m) * lp + kpair * 2 * TILE + TILE * i;
+                                s[row..row + TILE].copy_from_slice(&tile[m * TILE..][..TILE]);
+                            }
+                        }
+                    }
+                }
+                // 3. Softmax rows into probability tiles.
+                let nks_k = ls / KSTEP;
+                for m in 0..QB {
+                    let vis = if m < nq { pos0 + t0 + m + 1 } else { 0 };
+                    let p = &mut s[m * lp..m * lp + ls];
+                    let sum = softmax_row(p, vis, scale);
+                    inv[m] = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                    for (l, &x) in plow.iter_mut().zip(p.iter()) {
+                        *l = x - bf16_to_f32(f32_to_bf16(x));
+                    }
+                    let (te, st) = (TILE * KSTEP, 3 * TILE * KSTEP);
+                    let at = m / TILE * nks_k * st + m % TILE * KSTEP;
+                    to_bf16_strided(p, &mut pa[at..], st);
+                    to_bf16_strided(p, &mut pa[at + te..], st);
+                    to_bf16_strided(&plow[..ls], &mut pa[at + 2 * te..], st);
+                }
+                // 4. Outputs, dim tile pairs.
+                // Three k-passes interleaved per key step: Phi·Vhi + Phi·Vlo + Plo·Vhi (the
+                // values exact as hi + lo, the probabilities to ≈ 16 bits).
+                let vh = &vp[hk * head_words_v..(hk + 1) * head_words_v];
+                let steps = lp / KSTEP;
+                for dpair in 0..hd / (2 * TILE) {
+                    let args = TileArgs {
+                        a: [pa.as_ptr(), pa[3 * nks_k * TILE * KSTEP..].as_ptr()],
+                        b: [2 * dpair, 2 * dpair + 1]
+                            .map(|dt| vh[dt * steps * vs_words..].as_ptr()),
+                        nks: 3 * nks_k,
+                        c: c.as_mut_ptr(),
+                    };
+                    // SAFETY: probability tiles hold 3 nks_k tiles per A tile, each value dim
+                    // tile 3 steps >= 3 nks_k tiles, C is 4 KiB; tiles configured as above.
+                    unsafe { run_step(step, &args) };
+                    for i in 0..2 {
+                        for j in 0..2 {
+                            let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                            for m in 0..TILE.min(nq.saturating_sub(TILE * j)) {
+                                let t = t0 + TILE * j + m;
+                                let col = hq * hd + (2 * dpair + i) * TILE;
+                                // SAFETY: token t < n_tokens, columns col..col+16 within head
+                                // hq: this unit owns (tokens t0..t0+nq, head hq) of `out`.
+                                let dst = unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        out_ptr.0.add(t * width + col),
+                                        TILE,
+                                    )
+                                };
+                                let r = inv[TILE * j + m];
+                                for (o, &x) in dst.iter_mut().zip(&tile[m * TILE..][..TILE]) {
+                                    *o = x * r;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match pool {
+            Some(p) if nt > 1 => p.run(&work),
+            _ => work(0, 1),
+        }
+    });
+    Ok(())
+}
+
+/// In place: `row[i] = exp(scale · (row[i] − max))` for `i < vis`, 0 beyond; returns the sum.
+/// AVX-512F build where present.
+fn softmax_row(row: &mut [f32], vis: usize, scale: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::get().avx512f {
+        // SAFETY: AVX-512F is present.
+        return unsafe { softmax_row_avx512(row, vis, scale) };
+    }
+    softmax_row_body(row, vis, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_row_avx512(row: &mut [f32], vis: usize, scale: f32) -> f32 {
+    softmax_row_body(row, vis, scale)
+}
+
+#[inline(always)]
+fn softmax_row_body(row: &mut [f32], vis: usize, scale: f32) -> f32 {
+    let (seen, rest) = row.split_at_mut(vis.min(row.len()));
+    rest.fill(0.0);
+    let mx = seen.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for x in seen.iter_mut() {
+        *x = exp_fast(scale * (*x - mx));
+        sum += *x;
+    }
+    sum
+}
+
+/// Packed K/V words shared by the phase-1 jobs (each writes its own tiles).
+struct WordPtr(*mut u32);
+// SAFETY: jobs write disjoint ranges of a buffer that outlives the run.
+unsafe impl Sync for WordPtr {}
+
+impl WordPtr {
+    /// Copies `src` to words `at..at + src.len()`.
+    ///
+    /// # Safety
+    /// The range lies inside the buffer and no other thread touches it meanwhile.
+    unsafe fn write(&self, at: usize, src: &[u32]) {
+        // SAFETY: as documented.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) };
+    }
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: units write disjoint (token, head) slices of `out`, which outlives the run.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as above.
+unsafe impl Send for OutPtr {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn_decode::attn_decode_f16_scalar;
+    use crate::attn_decode::tests::data;
+    use crate::quantdot::f32_to_f16;
+
+    fn check(
+        n_head: usize,
+        n_head_kv: usize,
+        hd: usize,
+        pos0: usize,
+        n_tokens: usize,
+        threads: usize,
+    ) {
+        let n_ctx = pos0 + n_tokens + 5;
+        let kv: Vec<u16> = data(3, n_head_kv * n_ctx * hd, 2.0)
+            .into_iter()
+            .map(f32_to_f16)
+            .collect();
+        let vv: Vec<u16> = data(4, n_head_kv * n_ctx * hd, 1.0)
+            .into_iter()
+            .map(f32_to_f16)
+            .collect();
+        let width = n_head * hd;
+        let q = data(5, n_tokens * width, 2.0);
+        let shape = DecodeShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            layout: KvLayout::HeadMajor { n_ctx },
+        };
+        let pool = ThreadPool::new(threads);
+        let steps: Vec<Step> = if is_available(hd) {
+            vec![Step::Emulated, Step::Tiles]
+        } else {
+            vec![Step::Emulated]
+        };
+        for step in steps {
+            let mut got = vec![f32::NAN; q.len()];
+            run(step, &q, &kv, &vv, shape, pos0, &mut got, Some(&pool)).unwrap();
+            for t in 0..n_tokens {
+                let mut want = vec![0f32; width];
+                let qt = &q[t * width..(t + 1) * width];
+                attn_decode_f16_scalar(qt, &kv, &vv, shape, pos0 + t + 1, &mut want).unwrap();
+                for (i, (g, w)) in got[t * width..(t + 1) * width]
+                    .iter()
+                    .zip(&want)
+                    .enumerate()
+                {
+                    // hi + lo bf16 splits: within f32-like rounding of the f16 cache.
+                    assert!(
+                        (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
+                        "{step:?} t={t} i={i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_per_token_decode_on_awkward_sizes() {
+        for &(nt, pos0) in &[(1, 0), (3, 0), (7, 5), (33, 0), (17, 70), (130, 3)] {
+            check(6, 2, 64, pos0, nt, 1);
+        }
+        check(4, 4, 64, 0, 33, 3);
+        check(9, 3, 128, 60, 100, 2);
+        check(3, 1, 128, 1023, 7, 2);
+        check(2, 1, 96, 0, 40, 2); // head_dim 96: three k-steps, three dim-tile pairs
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let shape = DecodeShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+            layout: KvLayout::HeadMajor { n_ctx: 4 },
+        };
+        let (k, v) = (vec![0u16; 4 * 64], vec![0u16; 4 * 64]);
+        let q = vec![0f32; 128 * 3];
+        let mut out = vec![0f32; 128 * 3];
+        let e = Step::Emulated;
+        assert!(run(e, &q, &k, &v, shape, 2, &mut out, None).is_err()); // past n_ctx
+        assert!(run(e, &q[..7], &k, &v, shape, 0, &mut out[..7], None).is_err());
+        let pm = DecodeShape {
+            layout: KvLayout::PosMajor,
+            ..shape
+        };
+        assert!(run(e, &q, &k, &v, pm, 0, &mut out, None).is_err());
+        let odd = DecodeShape {
+            head_dim: 48,
+            ..shape
+        };
+        assert!(run(e, &q, &k, &v, odd, 0, &mut out, None).is_err());
+    }
+}
