@@ -32,7 +32,8 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::attn_decode::{DecodeShape, KvLayout};
+use crate::attn_decode::DecodeShape;
+use crate::attn_prefill::check_shapes;
 use crate::elementwise::{exp_fast, f16_to_f32_slice};
 use crate::gemm::amx::{Step, TileArgs, TileGuard, run_step};
 use crate::gemm::micro::{pack_group, to_bf16_strided};
@@ -93,41 +94,23 @@ pub(crate) fn run(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
+    let (n_ctx, n_tokens) = check_shapes(
+        q.len(),
+        out.len(),
+        k.len(),
+        v.len(),
+        shape,
+        pos0,
+        shape.head_dim.is_multiple_of(KSTEP),
+        "head_dim a multiple of 32",
+    )?;
     let DecodeShape {
         n_head,
         n_head_kv,
         head_dim: hd,
-        layout,
+        ..
     } = shape;
-    let KvLayout::HeadMajor { n_ctx } = layout else {
-        return Err(KernelError::BadShape(
-            "prefill attention needs a head-major cache".into(),
-        ));
-    };
-    if n_head_kv == 0 || hd == 0 || !hd.is_multiple_of(KSTEP) || !n_head.is_multiple_of(n_head_kv) {
-        return Err(KernelError::BadShape(format!(
-            "AMX prefill attention: n_head {n_head}, n_head_kv {n_head_kv}, head_dim {hd} \
-             (needs a multiple and head_dim a multiple of 32)"
-        )));
-    }
     let width = n_head * hd;
-    if q.len() != out.len() || !q.len().is_multiple_of(width) {
-        return Err(KernelError::BadShape(format!(
-            "q/out hold {}/{} floats, not a whole number of {width}-float tokens",
-            q.len(),
-            out.len()
-        )));
-    }
-    let n_tokens = q.len() / width;
-    let need = n_head_kv * n_ctx * hd;
-    if pos0 + n_tokens > n_ctx || k.len() < need || v.len() < need {
-        return Err(KernelError::BadShape(format!(
-            "k/v caches hold {}/{} halves for {n_ctx} positions; need positions up to {}",
-            k.len(),
-            v.len(),
-            pos0 + n_tokens
-        )));
-    }
     if n_tokens == 0 {
         return Ok(());
     }
@@ -402,9 +385,8 @@ unsafe impl Send for OutPtr {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn_decode::attn_decode_f16_scalar;
-    use crate::attn_decode::tests::data;
-    use crate::quantdot::f32_to_f16;
+    use crate::attn_decode::KvLayout;
+    use crate::attn_prefill::tests::check_against_decode;
 
     fn check(
         n_head: usize,
@@ -414,48 +396,25 @@ mod tests {
         n_tokens: usize,
         threads: usize,
     ) {
-        let n_ctx = pos0 + n_tokens + 5;
-        let kv: Vec<u16> = data(3, n_head_kv * n_ctx * hd, 2.0)
-            .into_iter()
-            .map(f32_to_f16)
-            .collect();
-        let vv: Vec<u16> = data(4, n_head_kv * n_ctx * hd, 1.0)
-            .into_iter()
-            .map(f32_to_f16)
-            .collect();
-        let width = n_head * hd;
-        let q = data(5, n_tokens * width, 2.0);
-        let shape = DecodeShape {
-            n_head,
-            n_head_kv,
-            head_dim: hd,
-            layout: KvLayout::HeadMajor { n_ctx },
-        };
         let pool = ThreadPool::new(threads);
-        let steps: Vec<Step> = if is_available(hd) {
-            vec![Step::Emulated, Step::Tiles]
-        } else {
-            vec![Step::Emulated]
-        };
+        let mut steps = vec![Step::Emulated];
+        if is_available(hd) {
+            steps.push(Step::Tiles);
+        }
         for step in steps {
-            let mut got = vec![f32::NAN; q.len()];
-            run(step, &q, &kv, &vv, shape, pos0, &mut got, Some(&pool)).unwrap();
-            for t in 0..n_tokens {
-                let mut want = vec![0f32; width];
-                let qt = &q[t * width..(t + 1) * width];
-                attn_decode_f16_scalar(qt, &kv, &vv, shape, pos0 + t + 1, &mut want).unwrap();
-                for (i, (g, w)) in got[t * width..(t + 1) * width]
-                    .iter()
-                    .zip(&want)
-                    .enumerate()
-                {
-                    // hi + lo bf16 splits: within f32-like rounding of the f16 cache.
-                    assert!(
-                        (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
-                        "{step:?} t={t} i={i}: {g} vs {w}"
-                    );
-                }
-            }
+            // hi + lo bf16 splits: within f32-like rounding of the f16 cache.
+            check_against_decode(
+                n_head,
+                n_head_kv,
+                hd,
+                pos0,
+                n_tokens,
+                2e-5,
+                &format!("{step:?}"),
+                |q, k, v, shape, pos0, out| {
+                    run(step, q, k, v, shape, pos0, out, Some(&pool)).unwrap()
+                },
+            );
         }
     }
 

@@ -47,41 +47,23 @@ pub fn attn_prefill_f16(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
+    let (n_ctx, n_tokens) = check_shapes(
+        q.len(),
+        out.len(),
+        k.len(),
+        v.len(),
+        shape,
+        pos0,
+        supports_head_dim(shape.head_dim),
+        "head_dim 64 or 128",
+    )?;
     let DecodeShape {
         n_head,
         n_head_kv,
         head_dim: hd,
-        layout,
+        ..
     } = shape;
-    let KvLayout::HeadMajor { n_ctx } = layout else {
-        return Err(KernelError::BadShape(
-            "prefill attention needs a head-major cache".into(),
-        ));
-    };
-    if n_head_kv == 0 || !supports_head_dim(hd) || !n_head.is_multiple_of(n_head_kv) {
-        return Err(KernelError::BadShape(format!(
-            "prefill attention: n_head {n_head}, n_head_kv {n_head_kv}, head_dim {hd} \
-             (needs a multiple and head_dim 64 or 128)"
-        )));
-    }
     let width = n_head * hd;
-    if q.len() != out.len() || !q.len().is_multiple_of(width) {
-        return Err(KernelError::BadShape(format!(
-            "q/out hold {}/{} floats, not a whole number of {width}-float tokens",
-            q.len(),
-            out.len()
-        )));
-    }
-    let n_tokens = q.len() / width;
-    let need = n_head_kv * n_ctx * hd;
-    if pos0 + n_tokens > n_ctx || k.len() < need || v.len() < need {
-        return Err(KernelError::BadShape(format!(
-            "k/v caches hold {}/{} halves for {n_ctx} positions; need positions up to {}",
-            k.len(),
-            v.len(),
-            pos0 + n_tokens
-        )));
-    }
     if n_tokens == 0 {
         return Ok(());
     }
@@ -128,6 +110,54 @@ pub fn attn_prefill_f16(
         _ => work(0, 1),
     }
     Ok(())
+}
+
+/// The shape checks every prompt-attention kernel makes: a head-major cache, whole GQA
+/// groups, `head_dim_ok` (the kernel's own head sizes, described by `needs`), whole tokens in
+/// `q`/`out` and cache room for the prompt. Returns `(n_ctx, n_tokens)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_shapes(
+    q_len: usize,
+    out_len: usize,
+    k_len: usize,
+    v_len: usize,
+    shape: DecodeShape,
+    pos0: usize,
+    head_dim_ok: bool,
+    needs: &str,
+) -> Result<(usize, usize), KernelError> {
+    let DecodeShape {
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        layout,
+    } = shape;
+    let KvLayout::HeadMajor { n_ctx } = layout else {
+        return Err(KernelError::BadShape(
+            "prefill attention needs a head-major cache".into(),
+        ));
+    };
+    if n_head_kv == 0 || hd == 0 || !head_dim_ok || !n_head.is_multiple_of(n_head_kv) {
+        return Err(KernelError::BadShape(format!(
+            "prefill attention: n_head {n_head}, n_head_kv {n_head_kv}, head_dim {hd} \
+             (needs a multiple and {needs})"
+        )));
+    }
+    let width = n_head * hd;
+    if q_len != out_len || !q_len.is_multiple_of(width) {
+        return Err(KernelError::BadShape(format!(
+            "q/out hold {q_len}/{out_len} floats, not a whole number of {width}-float tokens"
+        )));
+    }
+    let n_tokens = q_len / width;
+    let need = n_head_kv * n_ctx * hd;
+    if pos0 + n_tokens > n_ctx || k_len < need || v_len < need {
+        return Err(KernelError::BadShape(format!(
+            "k/v caches hold {k_len}/{v_len} halves for {n_ctx} positions; need positions up to {}",
+            pos0 + n_tokens
+        )));
+    }
+    Ok((n_ctx, n_tokens))
 }
 
 struct Args<'a> {
@@ -377,19 +407,24 @@ fn unit_body<const HD: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::attn_decode::attn_decode_f16_scalar;
     use crate::attn_decode::tests::data;
     use crate::quantdot::f32_to_f16;
 
-    fn check(
+    /// Runs `run` (a prompt-attention kernel: `q, k, v, shape, pos0, out`) on random data and
+    /// compares every token with the scalar per-token decode kernel within `tol` relative.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_against_decode(
         n_head: usize,
         n_head_kv: usize,
         hd: usize,
         pos0: usize,
         n_tokens: usize,
-        threads: usize,
+        tol: f32,
+        what: &str,
+        run: impl Fn(&[f32], &[u16], &[u16], DecodeShape, usize, &mut [f32]),
     ) {
         let n_ctx = pos0 + n_tokens + 5;
         let kv: Vec<u16> = data(3, n_head_kv * n_ctx * hd, 2.0)
@@ -408,9 +443,8 @@ mod tests {
             head_dim: hd,
             layout: KvLayout::HeadMajor { n_ctx },
         };
-        let pool = ThreadPool::new(threads);
         let mut got = vec![f32::NAN; q.len()];
-        attn_prefill_f16(&q, &kv, &vv, shape, pos0, &mut got, Some(&pool)).unwrap();
+        run(&q, &kv, &vv, shape, pos0, &mut got);
         for t in 0..n_tokens {
             let mut want = vec![0f32; width];
             let qt = &q[t * width..(t + 1) * width];
@@ -421,11 +455,34 @@ mod tests {
                 .enumerate()
             {
                 assert!(
-                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                    "t={t} i={i}: {g} vs {w}"
+                    (g - w).abs() <= tol * (1.0 + w.abs()),
+                    "{what} t={t} i={i}: {g} vs {w}"
                 );
             }
         }
+    }
+
+    fn check(
+        n_head: usize,
+        n_head_kv: usize,
+        hd: usize,
+        pos0: usize,
+        n_tokens: usize,
+        threads: usize,
+    ) {
+        let pool = ThreadPool::new(threads);
+        check_against_decode(
+            n_head,
+            n_head_kv,
+            hd,
+            pos0,
+            n_tokens,
+            1e-4,
+            "f32 flash",
+            |q, k, v, shape, pos0, out| {
+                attn_prefill_f16(q, k, v, shape, pos0, out, Some(&pool)).unwrap()
+            },
+        );
     }
 
     #[test]
