@@ -44,6 +44,13 @@ use crate::quantdot::KernelError;
 /// Query tokens per unit (two A tiles).
 pub const QB: usize = 2 * TILE;
 
+/// The shortest prompt worth the tiles: below one full query block the A tiles are mostly
+/// padding, the f32 kernel ([`crate::attn_prefill`]) is as fast, and it rounds like the decode
+/// kernel. (On SmolLM2 the ≈ 16-bit operand splits moved 5- and 8-token prompts by a logits
+/// cosine of up to 2e-3 once the Q8 activation rounding had amplified them through 30 layers;
+/// from 32 tokens on the attention cost matters and the long fixture stays at 0.999996.)
+pub const MIN_TOKENS: usize = QB;
+
 /// Whether [`attn_prefill_amx`] can run here for `head_dim` (AMX-BF16 granted, `head_dim` a
 /// multiple of 32).
 pub fn is_available(head_dim: usize) -> bool {
@@ -427,6 +434,7 @@ mod tests {
         check(9, 3, 128, 60, 100, 2);
         check(3, 1, 128, 1023, 7, 2);
         check(2, 1, 96, 0, 40, 2); // head_dim 96: three k-steps, three dim-tile pairs
+        check(9, 3, 64, 0, 40, 1); // SmolLM2's heads on one thread
     }
 
     #[test]

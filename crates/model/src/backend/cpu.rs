@@ -1097,8 +1097,12 @@ impl Backend for CpuBackend {
                 .map_err(|e| kernel_err("attention", e));
             }
             #[cfg(target_arch = "x86_64")]
-            if self.attn_amx && damascus_kernels::attn_amx::is_available(hd) {
-                // A prompt on AMX: Q·Kᵀ and P·V as bf16 tile GEMMs per 32 queries.
+            if self.attn_amx
+                && n_tokens >= damascus_kernels::attn_amx::MIN_TOKENS
+                && damascus_kernels::attn_amx::is_available(hd)
+            {
+                // A prompt of a query block or more on AMX: Q·Kᵀ and P·V as bf16 tile GEMMs
+                // per 32 queries.
                 return damascus_kernels::attn_amx::attn_prefill_amx(
                     &q.data,
                     kc,
