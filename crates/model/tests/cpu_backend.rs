@@ -235,3 +235,17 @@ fn gemm_prefill_matches_reference() {
         .collect();
     matches_reference_on_1_2_3_threads(&ids);
 }
+
+#[test]
+fn block_prompt_matches_reference() {
+    // 40 tokens (≥ attn_amx::MIN_TOKENS): on AMX machines the prompt attention runs on the
+    // tiles, elsewhere on the f32 flash kernel; the GEMM takes every matmul either way.
+    let ids: Vec<u32> = [504u32, 3575, 282, 4649, 314, 7042, 30, 378]
+        .iter()
+        .cycle()
+        .take(40)
+        .copied()
+        .collect();
+    assert!(ids.len() >= damascus_kernels::attn_amx::MIN_TOKENS);
+    matches_reference_on_1_2_3_threads(&ids);
+}
