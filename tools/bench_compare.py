@@ -4,8 +4,10 @@
 Follows ../shared/BENCHMARKS.md: same file, threads and sizes; each engine runs `-r 1` per
 invocation (each invocation warms up first), interleaved A B A B ... for `--runs` rounds, so
 drift hits both alike. Reports per test the median and p5/p95 of each engine, the ratio of the
-medians, whether the p5..p95 intervals overlap, bytes read per generated token, the percent of
-measured memory bandwidth that reaches, and each engine's peak RSS.
+medians, whether the p5..p95 intervals overlap, bytes read per generated token and the percent
+of measured memory bandwidth that reaches (tg), linear-layer ops per prompt token and the
+percent of the measured int8 `vpdpbusd` peak that reaches (pp; tools/compute_peak.c, where the
+CPU has AVX-512 VNNI), and each engine's peak RSS.
 
 Bandwidth comes from ../shared/tools/roofline.c compiled to a temporary binary (it needs
 AVX-512); where it cannot run, a numpy single-pass read is used instead and labelled as such.
@@ -94,6 +96,46 @@ def bytes_per_token(model: Path) -> int | None:
     return total
 
 
+def ops_per_token(model: Path) -> int | None:
+    """Integer ops one prompt token costs in the linear layers: 2 · Σ rows · cols over the
+    decoder's 2-D weights (`blk.*`); the LM head runs for the last position only."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    r = GGUFReader(str(model))
+    macs = 0
+    for t in r.tensors:
+        dims = [int(d) for d in t.shape]
+        if t.name.startswith("blk.") and len(dims) == 2:
+            macs += dims[0] * dims[1]
+    return 2 * macs
+
+
+def measure_int8_peak(threads: int) -> tuple[float | None, str]:
+    """AVX-512 VNNI int8 peak in TOPS at `threads` threads, from tools/compute_peak.c (ten
+    independent `vpdpbusd` chains; roofline.c's VNNI figure is not used: its identical chains
+    are merged by the compiler, see compute_peak.c)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    src = REPO / "tools" / "compute_peak.c"
+    if not cc or not src.exists():
+        return None, "not measured (no C compiler)"
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "compute_peak"
+        ok = subprocess.run(
+            [cc, "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], capture_output=True
+        )
+        if ok.returncode != 0:
+            return None, "not measured (compute_peak.c needs AVX-512 VNNI)"
+        run = subprocess.run([str(exe), str(threads)], capture_output=True, text=True)
+        if run.returncode == 0:
+            for line in run.stdout.splitlines():
+                f = line.split()
+                if f and f[0] == str(threads):
+                    return float(f[1]), f"tools/compute_peak.c, {threads} threads"
+    return None, "not measured"
+
+
 def measure_bandwidth(threads: int, roofline_c: Path) -> tuple[float | None, str]:
     """Read bandwidth in GB/s at `threads` threads and where it came from."""
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -177,12 +219,15 @@ def main() -> None:
     else:
         bw, bw_src = measure_bandwidth(args.threads, args.roofline)
 
+    opt = ops_per_token(args.model)
+    peak, peak_src = measure_int8_peak(args.threads)
+
     def fmt(xs: list[float]) -> str:
         return f"{quantile(xs, 0.5):.2f} ({quantile(xs, 0.05):.2f}–{quantile(xs, 0.95):.2f})"
 
     rows = [
         "| test | damascus t/s median (p5–p95) | llama.cpp t/s median (p5–p95) | ratio | p95 overlap "
-        "| bytes/token | % of BW damascus | % of BW llama.cpp |",
+        "| work/token | % of roofline damascus | % of roofline llama.cpp |",
         "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for name in sorted(set(a) | set(b), key=lambda n: (n[:2], int(n[2:]))):
@@ -197,6 +242,10 @@ def main() -> None:
             per_tok = f"{bpt / 1e6:.1f} MB"
             pa = f"{100 * ma * bpt / (bw * 1e9):.0f}%" if bw else "—"
             pb = f"{100 * mb * bpt / (bw * 1e9):.0f}%" if bw else "—"
+        elif name.startswith("pp") and opt:
+            per_tok = f"{opt / 1e9:.2f} GOP"
+            pa = f"{100 * ma * opt / (peak * 1e12):.0f}%" if peak else "—"
+            pb = f"{100 * mb * opt / (peak * 1e12):.0f}%" if peak else "—"
         else:
             per_tok, pa, pb = "—", "—", "—"
         rows.append(
@@ -222,7 +271,10 @@ def main() -> None:
         *rows,
         "",
         f"Peak RSS: damascus {rss_a / 2**20:.0f} MiB, llama.cpp {rss_b / 2**20:.0f} MiB. "
-        + (f"Bandwidth {bw:.1f} GB/s ({bw_src})." if bw else f"Bandwidth {bw_src}."),
+        + (f"Bandwidth {bw:.1f} GB/s ({bw_src})." if bw else f"Bandwidth {bw_src}.")
+        + (f" Int8 peak {peak:.2f} TOPS ({peak_src})." if peak else f" Int8 peak {peak_src}."),
+        "Roofline: tg — bytes/token at the measured read bandwidth; pp — linear-layer ops/token "
+        "at the measured int8 (`vpdpbusd`) peak.",
         "",
         "`damascus --device-info`:",
         "",

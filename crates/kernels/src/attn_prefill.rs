@@ -333,60 +333,20 @@ fn unit_body<const HD: usize>(
         for ti in first_ti..nt {
             let limit = a.pos0 + t0 + ti + 1; // positions visible to this token
             let nv = (limit - kb0).min(nb);
-            for g in 0..a.group {
+            // The group's queries of this token see the same keys: up to 4 at a time share
+            // every key and value load.
+            let mut g = 0;
+            while g < a.group {
+                let n = (a.group - g).min(4);
                 let s0 = (ti * a.group + g) * stride;
-                let (qv, rest) = st[s0..s0 + stride].split_at_mut(HD);
-                let (acc, ml) = rest.split_at_mut(HD);
-                let qv: &[f32; HD] = match (&*qv).try_into() {
-                    Ok(q) => q,
-                    Err(_) => return,
-                };
-                let acc: &mut [f32; HD] = match acc.try_into() {
-                    Ok(q) => q,
-                    Err(_) => return,
-                };
-                // Four partial sums over interleaved dimensions: independent FMA chains.
-                let mut sp = [[0f32; KB]; 4];
-                for d in (0..HD).step_by(4) {
-                    for (w, spw) in sp.iter_mut().enumerate() {
-                        let qd = qv[d + w];
-                        let kr = &kt[(d + w) * KB..(d + w + 1) * KB];
-                        for j in 0..KB {
-                            spw[j] += qd * kr[j];
-                        }
-                    }
+                let chunk = &mut st[s0..s0 + n * stride];
+                match n {
+                    4 => queries_block::<HD, 4>(chunk, kt, vb, nv),
+                    3 => queries_block::<HD, 3>(chunk, kt, vb, nv),
+                    2 => queries_block::<HD, 2>(chunk, kt, vb, nv),
+                    _ => queries_block::<HD, 1>(chunk, kt, vb, nv),
                 }
-                let mut sc = [0f32; KB];
-                for j in 0..KB {
-                    sc[j] = (sp[0][j] + sp[1][j]) + (sp[2][j] + sp[3][j]);
-                }
-                let (m, l) = (ml[0], ml[1]);
-                let mut mx = m;
-                for &sj in &sc[..nv] {
-                    mx = mx.max(sj);
-                }
-                let corr = crate::elementwise::exp_fast(m - mx);
-                for sj in sc.iter_mut() {
-                    *sj = crate::elementwise::exp_fast(*sj - mx);
-                }
-                let mut sum = 0f32;
-                for &sj in &sc[..nv] {
-                    sum += sj;
-                }
-                ml[0] = mx;
-                ml[1] = l * corr + sum;
-                for x in acc.iter_mut() {
-                    *x *= corr;
-                }
-                for (j, &p) in sc[..nv].iter().enumerate() {
-                    let vr: &[f32; HD] = match vb[j * HD..(j + 1) * HD].try_into() {
-                        Ok(r) => r,
-                        Err(_) => return,
-                    };
-                    for d in 0..HD {
-                        acc[d] += p * vr[d];
-                    }
-                }
+                g += n;
             }
         }
         kb0 += nb;
@@ -403,6 +363,77 @@ fn unit_body<const HD: usize>(
                 *o = x * inv;
             }
         }
+    }
+}
+
+/// `G` queries (their states laid end to end in `st`: `[HD]` scaled q, `[HD]` acc, m, l each)
+/// against one widened key block: `kt` `[HD][KB]` transposed keys, `vb` `[KB][HD]` values, the
+/// first `nv` keys visible. Scores, online-softmax update and `acc += p · v`; each key-block
+/// row and value row is loaded once for all `G` queries.
+#[inline(always)]
+fn queries_block<const HD: usize, const G: usize>(
+    st: &mut [f32],
+    kt: &[f32],
+    vb: &[f32],
+    nv: usize,
+) {
+    let stride = 2 * HD + 2;
+    if st.len() < G * stride || kt.len() < HD * KB || vb.len() < KB * HD || nv > KB {
+        return;
+    }
+    // Scores: two partial sums (even / odd dimensions) per query, so even `G = 1` has four
+    // independent FMA chains.
+    let mut sp = [[[0f32; KB]; 2]; G];
+    for d in (0..HD).step_by(2) {
+        for h in 0..2 {
+            let kr = &kt[(d + h) * KB..(d + h + 1) * KB];
+            for (qi, spq) in sp.iter_mut().enumerate() {
+                let qd = st[qi * stride + d + h];
+                for j in 0..KB {
+                    spq[h][j] += qd * kr[j];
+                }
+            }
+        }
+    }
+    let mut p = [[0f32; KB]; G];
+    let mut acc = [[0f32; HD]; G];
+    for qi in 0..G {
+        let sq = &mut st[qi * stride..(qi + 1) * stride];
+        let mut mx = sq[2 * HD];
+        for j in 0..KB {
+            p[qi][j] = sp[qi][0][j] + sp[qi][1][j];
+        }
+        for &sj in &p[qi][..nv] {
+            mx = mx.max(sj);
+        }
+        let corr = crate::elementwise::exp_fast(sq[2 * HD] - mx);
+        for sj in p[qi].iter_mut() {
+            *sj = crate::elementwise::exp_fast(*sj - mx);
+        }
+        let mut sum = 0f32;
+        for &sj in &p[qi][..nv] {
+            sum += sj;
+        }
+        sq[2 * HD] = mx;
+        sq[2 * HD + 1] = sq[2 * HD + 1] * corr + sum;
+        for (a, &x) in acc[qi].iter_mut().zip(&sq[HD..2 * HD]) {
+            *a = x * corr;
+        }
+    }
+    for j in 0..nv {
+        let vr: &[f32; HD] = match vb[j * HD..(j + 1) * HD].try_into() {
+            Ok(r) => r,
+            Err(_) => return,
+        };
+        for qi in 0..G {
+            let pj = p[qi][j];
+            for d in 0..HD {
+                acc[qi][d] += pj * vr[d];
+            }
+        }
+    }
+    for (qi, a) in acc.iter().enumerate() {
+        st[qi * stride + HD..qi * stride + 2 * HD].copy_from_slice(a);
     }
 }
 
