@@ -341,7 +341,7 @@ pub(crate) fn run(
 /// AVX-512F build where present.
 fn softmax_row(row: &mut [f32], vis: usize, scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present.
         return unsafe { softmax_row_avx512(row, vis, scale) };
     }

@@ -186,13 +186,13 @@ unsafe impl Send for OutPtr {}
 
 fn run_unit<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32], st: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F (and with it F16C) is present.
         return unsafe { unit_avx512::<HD>(u, kt, vb, st) };
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let f = crate::cpu::CpuFeatures::get();
+        let f = crate::cpu::CpuFeatures::allowed();
         if f.avx2 && f.fma && f.f16c {
             // SAFETY: AVX2, FMA and F16C are present.
             return unsafe { unit_avx2::<HD>(u, kt, vb, st) };

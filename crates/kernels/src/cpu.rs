@@ -51,6 +51,43 @@ impl CpuFeatures {
         F.get_or_init(CpuFeatures::detect)
     }
 
+    /// The features kernels may use: [`CpuFeatures::get`] with everything above the chosen
+    /// [`Isa`] ([`Isa::detect`], so `DAMASCUS_ISA`) turned off. Helpers that pick their own
+    /// SIMD body (prompt attention, unpackers, elementwise ops) dispatch on this, so a forced
+    /// level runs their bodies of that level too. Computed once.
+    pub fn allowed() -> &'static CpuFeatures {
+        static F: OnceLock<CpuFeatures> = OnceLock::new();
+        F.get_or_init(|| {
+            let isa = Isa::detect().unwrap_or_else(|_| Isa::best());
+            CpuFeatures::get().masked(isa)
+        })
+    }
+
+    /// These features with everything above `isa` turned off.
+    pub fn masked(&self, isa: Isa) -> CpuFeatures {
+        let mut f = *self;
+        if isa < Isa::Amx {
+            f.amx_tile = false;
+            f.amx_int8 = false;
+            f.amx_bf16 = false;
+        }
+        if isa < Isa::Vnni {
+            f.avx512vnni = false;
+        }
+        if isa < Isa::Avx512 {
+            f.avx512bf16 = false;
+            f.avx512f = false;
+            f.avx512bw = false;
+            f.avx512vl = false;
+        }
+        if isa < Isa::Avx2 {
+            f.avx2 = false;
+            f.fma = false;
+            f.f16c = false;
+        }
+        f
+    }
+
     /// Detect now (uncached).
     #[cfg(target_arch = "x86_64")]
     pub fn detect() -> CpuFeatures {
@@ -548,6 +585,45 @@ fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masking_keeps_exactly_the_levels_at_or_below() {
+        let all = CpuFeatures {
+            sse4_2: true,
+            avx: true,
+            avx2: true,
+            fma: true,
+            f16c: true,
+            avx512f: true,
+            avx512bw: true,
+            avx512vl: true,
+            avx512vnni: true,
+            avx512bf16: true,
+            amx_tile: true,
+            amx_int8: true,
+            amx_bf16: true,
+            amx_os_enabled: true,
+        };
+        for isa in Isa::ALL {
+            let m = all.masked(isa);
+            // A level is runnable on the masked features iff it is at or below `isa`.
+            for other in Isa::ALL {
+                assert_eq!(
+                    other.missing_in(&m, true).is_empty(),
+                    other <= isa,
+                    "{isa:?} masks {other:?}"
+                );
+            }
+        }
+        let s = all.masked(Isa::Scalar);
+        assert!(!s.avx2 && !s.fma && !s.f16c && !s.avx512f && !s.avx512bf16 && s.sse4_2);
+        // Masking never adds a feature.
+        let none = CpuFeatures::default();
+        assert_eq!(none.masked(Isa::Amx), none);
+        // What kernels may use is what the chosen level allows.
+        let isa = Isa::detect().unwrap_or_else(|_| Isa::best());
+        assert_eq!(*CpuFeatures::allowed(), CpuFeatures::get().masked(isa));
+    }
 
     #[test]
     fn names_round_trip_and_order() {

@@ -50,7 +50,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
     #[cfg(target_arch = "x86_64")]
     {
-        let f = crate::cpu::CpuFeatures::get();
+        let f = crate::cpu::CpuFeatures::allowed();
         if f.avx512f {
             // SAFETY: AVX-512F is present.
             return unsafe { swiglu_avx512(gate, up) };
@@ -71,7 +71,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len(), "f32_to_f16_slice: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().f16c {
+    if crate::cpu::CpuFeatures::allowed().f16c {
         // SAFETY: AVX and F16C are present (F16C implies AVX support in the detection).
         return unsafe { f32_to_f16_f16c(src, dst) };
     }
@@ -87,7 +87,7 @@ pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
 pub fn f16_to_f32_slice(src: &[u16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "f16_to_f32_slice: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().f16c {
+    if crate::cpu::CpuFeatures::allowed().f16c {
         // SAFETY: AVX and F16C are present.
         return unsafe { f16_to_f32_f16c(src, dst) };
     }

@@ -9,7 +9,7 @@ const TB: usize = 4;
 /// `out[i] = bf16(x[i])`.
 pub(super) fn to_bf16(x: &[f32], out: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present.
         return unsafe { to_bf16_avx512(x, out) };
     }
@@ -34,7 +34,7 @@ fn to_bf16_body(x: &[f32], out: &mut [u16]) {
 /// bf16(rows[n][32s + 2p + 1]) << 16`.
 pub(crate) fn pack_group(rows: &[f32], kc: usize, tiles: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present.
         return unsafe { pack_group_avx512(rows, kc, tiles) };
     }
@@ -138,7 +138,7 @@ pub(crate) fn to_bf16_strided(row: &[f32], dst: &mut [u16], stride: usize) {
     let steps = row.len() / KSTEP;
     assert!(steps == 0 || dst.len() >= (steps - 1) * stride + KSTEP);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present.
         return unsafe { to_bf16_strided_avx512(row, dst, stride) };
     }
@@ -172,7 +172,7 @@ fn to_bf16_strided_body(row: &[f32], dst: &mut [u16], stride: usize) {
 pub(super) unsafe fn store_transposed(tile: &[f32], dst: *mut f32, stride: usize, valid: usize) {
     assert!(tile.len() >= TILE * TILE && valid <= TILE);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present; the rest is forwarded.
         return unsafe { store_transposed_avx512(tile, dst, stride, valid) };
     }

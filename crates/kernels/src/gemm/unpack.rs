@@ -14,7 +14,7 @@ pub(super) fn dequant_fast(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> bool
         _ => return false,
     };
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::CpuFeatures::get().avx512f {
+    if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F is present.
         unsafe { with_avx512(f, src, dst) };
         return true;
