@@ -9,7 +9,10 @@ use std::time::Instant;
 
 use damascus_kernels::gemm::{GemmPath, PackedActs, WeightRef, gemm, int8};
 use damascus_kernels::pool::ThreadPool;
-use damascus_quant::{GgmlType, quantize_row};
+use damascus_quant::GgmlType;
+
+mod common;
+use common::{acts, quantized_weights};
 
 fn arg(args: &[String], name: &str, default: &str) -> String {
     args.iter()
@@ -53,23 +56,9 @@ fn main() {
     println!("| path | type | rows×k | tokens | threads | ms | GFLOP/s |");
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
     for &(rows, k) in &shapes {
-        let src: Vec<f32> = (0..rows * k)
-            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-            .collect();
-        let x: Vec<f32> = (0..tokens * k)
-            .map(|i| ((i * 104_729 % 997) as f32 / 498.0) - 1.0)
-            .collect();
+        let x = acts(tokens * k);
         for &dt in &types {
-            let rb = k / dt.block_size() * dt.type_size();
-            let mut bytes = vec![0u8; rows * rb];
-            for r in 0..rows {
-                quantize_row(
-                    dt,
-                    &src[r * k..(r + 1) * k],
-                    &mut bytes[r * rb..(r + 1) * rb],
-                )
-                .expect("quantize");
-            }
+            let bytes = quantized_weights(dt, rows, k);
             let w = WeightRef {
                 dtype: dt,
                 bytes: &bytes,

@@ -21,6 +21,8 @@ use damascus_kernels::attn_decode::{
 use damascus_kernels::pool::ThreadPool;
 use damascus_kernels::quantdot::{ActBuf, Isa, WeightType, gemv_with, kernels_for};
 
+mod common;
+
 struct Opts {
     threads: Vec<usize>,
     types: Vec<WeightType>,
@@ -108,16 +110,7 @@ fn main() {
         };
         // Random blocks with small finite f16 scales (0x2000 ≈ 0.0078).
         let mut w: Vec<u8> = (0..mat * mats).map(|_| rnd() as u8).collect();
-        let scale_offs: &[usize] = match t {
-            WeightType::Q6_K => &[208],
-            WeightType::Q4_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-            _ => &[0],
-        };
-        for b in w.chunks_exact_mut(t.block_bytes()) {
-            for &off in scale_offs {
-                b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-            }
-        }
+        common::tame_scales(t, &mut w);
         let x: Vec<f32> = (0..o.k)
             .map(|_| (rnd() % 2000) as f32 / 1000.0 - 1.0)
             .collect();

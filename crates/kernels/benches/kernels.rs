@@ -20,35 +20,14 @@ use std::time::Duration;
 
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef, int8};
 use damascus_kernels::quantdot::{ActBuf, Isa, WeightType, gemv_with, kernels_for};
-use damascus_quant::{GgmlType, quantize_row};
+use damascus_quant::GgmlType;
+
+mod common;
+use common::{acts, quantized_weights, tame_scales};
 
 const ROWS: usize = 256;
 const K: usize = 3072;
 const TOKENS: usize = 64;
-
-/// `rows × k` weights of `dt`, quantized from a fixed pseudo-random pattern.
-fn weights(dt: GgmlType, rows: usize, k: usize) -> Vec<u8> {
-    let rb = k / dt.block_size() * dt.type_size();
-    let src: Vec<f32> = (0..rows * k)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
-        .collect();
-    let mut bytes = vec![0u8; rows * rb];
-    for r in 0..rows {
-        quantize_row(
-            dt,
-            &src[r * k..(r + 1) * k],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .expect("quantize");
-    }
-    bytes
-}
-
-fn acts(n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 104_729 % 997) as f32 / 498.0) - 1.0)
-        .collect()
-}
 
 fn bench_gemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemm");
@@ -63,7 +42,7 @@ fn bench_gemm(c: &mut Criterion) {
         GgmlType::Q8_0,
         GgmlType::Q4_0,
     ] {
-        let bytes = weights(dt, ROWS, K);
+        let bytes = quantized_weights(dt, ROWS, K);
         let w = WeightRef {
             dtype: dt,
             bytes: &bytes,
@@ -109,20 +88,11 @@ fn bench_gemv(c: &mut Criterion) {
         let Some(rb) = wt.row_bytes(K) else {
             continue;
         };
-        // Random blocks with small finite f16 scales (0x2000 ≈ 0.0078), as the `gemv` bench.
+        // Random blocks with small finite f16 scales, as the `gemv` bench.
         let mut w: Vec<u8> = (0..ROWS * rb)
             .map(|i| ((i * 2_654_435_761) >> 13) as u8)
             .collect();
-        let scale_offs: &[usize] = match wt {
-            WeightType::Q6_K => &[208],
-            WeightType::Q4_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-            _ => &[0],
-        };
-        for b in w.chunks_exact_mut(wt.block_bytes()) {
-            for &off in scale_offs {
-                b[off..off + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-            }
-        }
+        tame_scales(wt, &mut w);
         let mut a = ActBuf::new(wt.act_type());
         a.quantize(&x).expect("quantize x");
         let mut out = vec![0f32; ROWS];

@@ -586,9 +586,9 @@ fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn masking_keeps_exactly_the_levels_at_or_below() {
-        let all = CpuFeatures {
+    /// A CPU with every feature this module knows.
+    fn every_feature() -> CpuFeatures {
+        CpuFeatures {
             sse4_2: true,
             avx: true,
             avx2: true,
@@ -603,7 +603,12 @@ mod tests {
             amx_int8: true,
             amx_bf16: true,
             amx_os_enabled: true,
-        };
+        }
+    }
+
+    #[test]
+    fn masking_keeps_exactly_the_levels_at_or_below() {
+        let all = every_feature();
         for isa in Isa::ALL {
             let m = all.masked(isa);
             // A level is runnable on the masked features iff it is at or below `isa`.
@@ -661,22 +666,7 @@ mod tests {
             Isa::Avx2.missing_in(&none, false),
             vec!["AVX2", "FMA", "F16C"]
         );
-        let all = CpuFeatures {
-            sse4_2: true,
-            avx: true,
-            avx2: true,
-            fma: true,
-            f16c: true,
-            avx512f: true,
-            avx512bw: true,
-            avx512vl: true,
-            avx512vnni: true,
-            avx512bf16: true,
-            amx_tile: true,
-            amx_int8: true,
-            amx_bf16: true,
-            amx_os_enabled: true,
-        };
+        let all = every_feature();
         assert!(Isa::Amx.missing_in(&all, true).is_empty());
         assert_eq!(
             Isa::Amx.missing_in(&all, false),
