@@ -112,47 +112,45 @@ def ops_per_token(model: Path) -> int | None:
     return 2 * macs
 
 
-def measure_int8_peak(threads: int) -> tuple[float | None, str]:
-    """AVX-512 VNNI int8 peak in TOPS at `threads` threads, from tools/compute_peak.c (ten
-    independent `vpdpbusd` chains; roofline.c's VNNI figure is not used: its identical chains
-    are merged by the compiler, see compute_peak.c)."""
+def c_tool_column(src: Path, threads: int) -> float | None:
+    """Builds the C measuring tool `src` (`cc -O2 -march=native`) in a temporary directory,
+    runs it with `threads` and returns the first figure of its row for that thread count
+    (roofline.c: read GB/s; compute_peak.c: int8 TOPS), or None where it cannot build or run."""
     cc = shutil.which("cc") or shutil.which("gcc")
-    src = REPO / "tools" / "compute_peak.c"
     if not cc or not src.exists():
-        return None, "not measured (no C compiler)"
+        return None
     with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "compute_peak"
+        exe = Path(d) / src.stem
         ok = subprocess.run(
             [cc, "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], capture_output=True
         )
         if ok.returncode != 0:
-            return None, "not measured (compute_peak.c needs AVX-512 VNNI)"
+            return None
         run = subprocess.run([str(exe), str(threads)], capture_output=True, text=True)
-        if run.returncode == 0:
-            for line in run.stdout.splitlines():
-                f = line.split()
-                if f and f[0] == str(threads):
-                    return float(f[1]), f"tools/compute_peak.c, {threads} threads"
-    return None, "not measured"
+        if run.returncode != 0:
+            return None
+        for line in run.stdout.splitlines():
+            f = line.split()
+            if f and f[0] == str(threads):
+                return float(f[1])
+    return None
+
+
+def measure_int8_peak(threads: int) -> tuple[float | None, str]:
+    """AVX-512 VNNI int8 peak in TOPS at `threads` threads, from tools/compute_peak.c (ten
+    independent `vpdpbusd` chains; roofline.c's VNNI figure is not used: its identical chains
+    are merged by the compiler, see compute_peak.c)."""
+    peak = c_tool_column(REPO / "tools" / "compute_peak.c", threads)
+    if peak is None:
+        return None, "not measured (needs a C compiler and AVX-512 VNNI)"
+    return peak, f"tools/compute_peak.c, {threads} threads"
 
 
 def measure_bandwidth(threads: int, roofline_c: Path) -> tuple[float | None, str]:
     """Read bandwidth in GB/s at `threads` threads and where it came from."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc and roofline_c.exists():
-        with tempfile.TemporaryDirectory() as d:
-            exe = Path(d) / "roofline"
-            ok = subprocess.run(
-                [cc, "-O2", "-march=native", "-pthread", str(roofline_c), "-o", str(exe)],
-                capture_output=True,
-            )
-            if ok.returncode == 0:
-                run = subprocess.run([str(exe), str(threads)], capture_output=True, text=True)
-                if run.returncode == 0:
-                    for line in run.stdout.splitlines():
-                        f = line.split()
-                        if f and f[0] == str(threads):
-                            return float(f[1]), f"roofline.c, {threads} threads"
+    bw = c_tool_column(roofline_c, threads)
+    if bw is not None:
+        return bw, f"roofline.c, {threads} threads"
     try:
         import time
 
