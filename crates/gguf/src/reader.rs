@@ -88,14 +88,16 @@ impl TensorInfo {
 
 /// Where the file's bytes live.
 enum Storage {
-    Mmap(memmap2::Mmap),
+    /// The mapping and the open file behind it ([`GgufFile::read_tensor_range`] reads through
+    /// the file, so copying a tensor out does not fault its pages into the mapping).
+    Mmap(memmap2::Mmap, File),
     Owned(Vec<u8>),
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m) => m,
+            Storage::Mmap(m, _) => m,
             Storage::Owned(v) => v,
         }
     }
@@ -149,7 +151,7 @@ impl GgufFile {
             // as immutable while open (the same contract llama.cpp relies on).
             #[allow(unsafe_code)]
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-            Storage::Mmap(map)
+            Storage::Mmap(map, file)
         };
         Self::from_storage(storage, Some(path.to_path_buf()))
     }
@@ -220,6 +222,66 @@ impl GgufFile {
         range
             .and_then(|r| self.storage.bytes().get(r))
             .unwrap_or(&[])
+    }
+
+    /// Copies `buf.len()` bytes of `info`'s data, starting `offset` bytes into it, into `buf`.
+    ///
+    /// A memory-mapped file is read with `pread` rather than through the mapping, so a caller
+    /// that repacks a tensor into its own memory does not also keep the mapped pages resident
+    /// (they stay in the page cache, not in the process). Errors when the range is not inside
+    /// the tensor, or the read fails (e.g. the file was truncated after it was opened).
+    pub fn read_tensor_range(
+        &self,
+        info: &TensorInfo,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), GgufError> {
+        let len = buf.len() as u64;
+        let n_bytes = info.try_n_bytes();
+        let start = offset
+            .checked_add(len)
+            .filter(|&end| n_bytes.is_some_and(|n| end <= n))
+            .and_then(|_| {
+                self.data_offset
+                    .checked_add(info.offset)?
+                    .checked_add(offset)
+            })
+            .ok_or_else(|| GgufError::Stream {
+                context: format!(
+                    "reading bytes {offset}..{} of tensor {} ({} bytes)",
+                    offset.saturating_add(len),
+                    info.name,
+                    n_bytes.unwrap_or(0)
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            })?;
+        match &self.storage {
+            #[cfg(unix)]
+            Storage::Mmap(_, file) => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(buf, start)
+                    .map_err(|source| GgufError::Io {
+                        path: self.path.clone().unwrap_or_default(),
+                        source,
+                    })
+            }
+            storage => {
+                let range = usize::try_from(start)
+                    .ok()
+                    .and_then(|s| Some(s..s.checked_add(buf.len())?));
+                let src = range.and_then(|r| storage.bytes().get(r));
+                match src {
+                    Some(src) => {
+                        buf.copy_from_slice(src);
+                        Ok(())
+                    }
+                    None => Err(GgufError::Stream {
+                        context: format!("reading tensor {} past the end of the file", info.name),
+                        source: std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                    }),
+                }
+            }
+        }
     }
 
     /// The bytes of the tensor named `name`.

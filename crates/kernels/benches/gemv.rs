@@ -33,6 +33,8 @@ struct Opts {
     isas: Vec<Isa>,
     n: usize,
     k: usize,
+    /// Also time the repacked layout (`gemm::packed`) on every int8 path.
+    packed: bool,
 }
 
 fn parse() -> Opts {
@@ -51,6 +53,7 @@ fn parse() -> Opts {
         isas: vec![Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Vnni],
         n: 3072,
         k: 8192,
+        packed: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -75,6 +78,11 @@ fn parse() -> Opts {
             "--isa" => o.isas = v.split(',').filter_map(|s| s.parse().ok()).collect(),
             "--n" => o.n = v.parse().unwrap_or(o.n),
             "--k" => o.k = v.parse().unwrap_or(o.k),
+            "--packed" => {
+                o.packed = true;
+                i += 1;
+                continue;
+            }
             _ => {
                 i += 1;
                 continue;
@@ -175,6 +183,9 @@ fn main() {
                 );
             }
         }
+        if o.packed {
+            packed_bench(&o, t, &w, mats, &x);
+        }
         println!(
             "<!-- {}: quantizing the {}-element activation took {:.1} us -->",
             t.name(),
@@ -184,6 +195,78 @@ fn main() {
     }
     if o.attn > 0 {
         attn_bench(&o);
+    }
+}
+
+/// The same matrices repacked (`gemm::packed`), one token, panels split over the threads.
+fn packed_bench(o: &Opts, t: WeightType, w: &[u8], mats: usize, x: &[f32]) {
+    use damascus_kernels::gemm::WeightRef;
+    use damascus_kernels::gemm::int8::{Int8Path, QActs, ROWS};
+    use damascus_kernels::gemm::packed::PackedMatrix;
+    use damascus_kernels::pool::split_range;
+    let Some(dt) = damascus_quant::GgmlType::from_id(t.ggml_id()) else {
+        return;
+    };
+    let mat = w.len() / mats;
+    let pk: Vec<PackedMatrix> = (0..mats)
+        .map(|m| {
+            let wr = WeightRef {
+                dtype: dt,
+                bytes: &w[m * mat..(m + 1) * mat],
+                rows: o.n,
+                cols: o.k,
+            };
+            PackedMatrix::pack(wr, None).expect("pack")
+        })
+        .collect();
+    let xq = QActs::new(x, 1, o.k, None).expect("acts");
+    let n_panels = o.n / ROWS;
+    for path in Int8Path::available() {
+        if path == Int8Path::Scalar || !path.supports(dt) {
+            continue;
+        }
+        for &nt in &o.threads {
+            let pool = ThreadPool::new(nt);
+            let outs: Vec<std::sync::Mutex<Vec<f32>>> = (0..nt)
+                .map(|_| std::sync::Mutex::new(vec![0f32; o.n]))
+                .collect();
+            let run = |m: usize| {
+                pool.run(&|ti, _| {
+                    let r = split_range(n_panels, 1, ti, nt);
+                    let mut g = outs[ti].lock().expect("lock");
+                    let len = r.len() * ROWS;
+                    pk[m]
+                        .gemv_panels(path, &xq, r, &mut g[..len], len)
+                        .expect("gemv");
+                });
+            };
+            for m in 0..mats {
+                run(m);
+            }
+            let mut times: Vec<f64> = (0..o.reps)
+                .map(|r| {
+                    let s = Instant::now();
+                    run(r % mats);
+                    s.elapsed().as_secs_f64()
+                })
+                .collect();
+            times.sort_by(|a, b| a.total_cmp(b));
+            let med = times[times.len() / 2];
+            let bytes = pk[0].n_bytes() as f64;
+            println!(
+                "| {} packed | {} | {} | {}x{} | {:.1} | {} | {:.0} | {:.1} | {:.1} |",
+                t.name(),
+                path.name(),
+                nt,
+                o.n,
+                o.k,
+                bytes / 1e6,
+                mats,
+                med * 1e6,
+                bytes / med / 1e9,
+                bytes / times[0] / 1e9
+            );
+        }
     }
 }
 

@@ -6,7 +6,9 @@
 //! rows × 3072 columns; 64 tokens for the GEMMs) so a run stays short:
 //! * `gemm/<path>/<type>`: the prefill GEMMs ([`gemm::gemm`]: f32 / bf16-panel / AMX paths;
 //!   [`int8::gemm_i8`]: `vnni-int8`, `avx2-int8`);
-//! * `gemv/<isa>/<type>`: the decode dot products ([`gemv_with`]) per ISA level.
+//! * `gemv/<isa>/<type>`: the decode dot products ([`gemv_with`]) per ISA level;
+//! * `gemm/packed-<path>/<type>` and `gemv/packed-<path>/<type>`: the same on weights repacked
+//!   at load ([`PackedMatrix::gemm`], [`PackedMatrix::gemv_panels`]), per int8 path.
 //!
 //! `cargo bench -p damascus-kernels --bench kernels [-- FILTER]`. The table-printing
 //! harnesses `gemm` and `gemv` (no criterion) measure full-size shapes and thread counts.
@@ -18,6 +20,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use std::hint::black_box;
 use std::time::Duration;
 
+use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef, int8};
 use damascus_kernels::quantdot::{ActBuf, Isa, WeightType, gemv_with, kernels_for};
 use damascus_quant::GgmlType;
@@ -67,6 +70,50 @@ fn bench_gemm(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(ip.name(), format!("{dt:?}")), |b| {
                 b.iter(|| int8::gemm_i8(ip, w, black_box(&xq), &mut out, None).expect("gemm"))
             });
+            let pk = PackedMatrix::pack(w, None).expect("pack");
+            let id = BenchmarkId::new(format!("packed-{}", ip.name()), format!("{dt:?}"));
+            g.bench_function(id, |b| {
+                b.iter(|| pk.gemm(ip, black_box(&xq), &mut out, None).expect("gemm"))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_packed_gemv(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gemv");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    g.throughput(Throughput::Elements((2 * ROWS * K) as u64));
+    let x = acts(K);
+    let xq = int8::QActs::new(&x, 1, K, None).expect("quantize x");
+    for dt in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+    ] {
+        let bytes = quantized_weights(dt, ROWS, K);
+        let w = WeightRef {
+            dtype: dt,
+            bytes: &bytes,
+            rows: ROWS,
+            cols: K,
+        };
+        let pk = PackedMatrix::pack(w, None).expect("pack");
+        let mut out = vec![0f32; ROWS];
+        for ip in int8::Int8Path::available() {
+            if !ip.supports(dt) {
+                continue;
+            }
+            let id = BenchmarkId::new(format!("packed-{}", ip.name()), format!("{dt:?}"));
+            g.bench_function(id, |b| {
+                b.iter(|| {
+                    pk.gemv_panels(ip, black_box(&xq), 0..ROWS / int8::ROWS, &mut out, ROWS)
+                        .expect("gemv")
+                })
+            });
         }
     }
     g.finish();
@@ -110,5 +157,5 @@ fn bench_gemv(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_gemm, bench_gemv);
+criterion_group!(benches, bench_gemm, bench_gemv, bench_packed_gemv);
 criterion_main!(benches);

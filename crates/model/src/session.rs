@@ -53,6 +53,9 @@ pub struct LoadOptions {
     /// KV cache element type; `None`: the backend's default (f16 on the fast CPU path, f32 on
     /// the reference).
     pub cache_type: Option<KvCacheType>,
+    /// Keep every weight in the file's layout on the CPU backend (no load-time repacking; the
+    /// same as `DAMASCUS_REPACK=0`).
+    pub no_repack: bool,
 }
 
 /// Default context length when the user gives none.
@@ -61,6 +64,7 @@ pub const DEFAULT_N_CTX: usize = 4096;
 /// Backend-erased decoder: what a [`Model`] holds.
 trait Engine: Send + Sync {
     fn backend_name(&self) -> &'static str;
+    fn load_note(&self) -> Option<String>;
     fn new_session(
         &self,
         n_ctx: usize,
@@ -80,6 +84,10 @@ trait SessionState: Send {
 impl<B: Backend> Engine for Arc<Decoder<B>> {
     fn backend_name(&self) -> &'static str {
         self.backend().name()
+    }
+
+    fn load_note(&self) -> Option<String> {
+        self.backend().load_note()
     }
 
     fn new_session(
@@ -154,10 +162,16 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
         match opts.backend {
             BackendKind::Reference => Self::with_backend(file, opts, ReferenceBackend),
-            BackendKind::Auto => Self::with_backend(file, opts, CpuBackend::new(None)),
-            BackendKind::Cpu { n_threads } => {
-                Self::with_backend(file, opts, CpuBackend::new(n_threads))
-            }
+            BackendKind::Auto => Self::with_backend(
+                file,
+                opts,
+                CpuBackend::new(None).with_repack(!opts.no_repack),
+            ),
+            BackendKind::Cpu { n_threads } => Self::with_backend(
+                file,
+                opts,
+                CpuBackend::new(n_threads).with_repack(!opts.no_repack),
+            ),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda {
                 device,
@@ -166,11 +180,15 @@ impl Model {
             } => {
                 let n_layer = LlamaConfig::from_gguf(&file)?.n_layer as usize;
                 match n_gpu_layers {
-                    Some(0) => Self::with_backend(file, opts, CpuBackend::new(n_threads)),
+                    Some(0) => Self::with_backend(
+                        file,
+                        opts,
+                        CpuBackend::new(n_threads).with_repack(!opts.no_repack),
+                    ),
                     Some(n) if n < n_layer => {
                         let gpu = crate::backend::cuda::CudaBackend::new(device)?;
                         let split = crate::backend::split::Split::new(
-                            CpuBackend::new(n_threads),
+                            CpuBackend::new(n_threads).with_repack(!opts.no_repack),
                             gpu,
                             n_layer,
                             n,
@@ -244,6 +262,12 @@ impl Model {
     /// Name of the backend running the model.
     pub fn backend_name(&self) -> &'static str {
         self.engine.backend_name()
+    }
+
+    /// What loading did beyond mapping the file (e.g. repacking weights, and how long it took),
+    /// if anything: [`Backend::load_note`].
+    pub fn load_note(&self) -> Option<String> {
+        self.engine.load_note()
     }
 
     /// A new, empty sequence with a KV cache of [`Model::n_ctx`] positions.

@@ -314,6 +314,14 @@ impl FileTensor {
     pub fn view(&self) -> Result<Tensor<'_>, ModelError> {
         Tensor::from_gguf(&self.file, self.info())
     }
+
+    /// Copies `buf.len()` bytes of the tensor's data from `offset` into `buf`, reading the
+    /// file rather than the mapping (so repacking does not keep the mapped pages resident).
+    pub fn read_bytes(&self, offset: usize, buf: &mut [u8]) -> Result<(), ModelError> {
+        Ok(self
+            .file
+            .read_tensor_range(self.info(), offset as u64, buf)?)
+    }
 }
 
 #[cfg(test)]

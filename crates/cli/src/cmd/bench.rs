@@ -217,9 +217,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = LoadOptions {
         n_ctx: Some(n_ctx),
         backend: args.backend.kind(args.reference, Some(threads))?,
+        no_repack: args.backend.no_repack,
         ..Default::default()
     };
+    let t_load = Instant::now();
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let load_note = model.load_note();
     let n_vocab = model.params().n_vocab;
     let file = model.gguf();
     let file_type = model
@@ -293,6 +297,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "n_threads": threads,
             "repetitions": args.repetitions,
             "peak_rss_bytes": peak_rss,
+            "load_s": load_s,
+            "load_note": load_note,
             "tests": tests,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -314,13 +320,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             o.stats.stddev,
         );
     }
+    println!();
     if let Some(b) = peak_rss {
-        println!();
         println!(
             "peak RSS {:.1} MiB · {} runs per test after one warm-up",
             b as f64 / (1u64 << 20) as f64,
             args.repetitions
         );
+    }
+    match load_note {
+        Some(n) => println!("loaded in {load_s:.2} s · {n}"),
+        None => println!("loaded in {load_s:.2} s"),
     }
     Ok(())
 }

@@ -58,6 +58,7 @@ impl EngineArgs {
         let opts = LoadOptions {
             n_ctx: self.ctx_size,
             backend: self.backend.kind(self.reference, self.threads)?,
+            no_repack: self.backend.no_repack,
             cache_type: self.cache_type.map(|t| match t {
                 CacheType::F32 => KvCacheType::F32,
                 CacheType::F16 => KvCacheType::F16,

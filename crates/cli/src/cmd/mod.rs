@@ -58,6 +58,10 @@ pub struct BackendArg {
     /// layers on the GPU and the rest on the CPU, for models larger than the GPU's memory.
     #[arg(long = "ngl", alias = "n-gpu-layers", value_name = "N")]
     pub n_gpu_layers: Option<usize>,
+    /// Keep the CPU weights in the file's layout instead of repacking them at load for the
+    /// int8 kernels (also `DAMASCUS_REPACK=0`).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 impl BackendArg {

@@ -61,6 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = LoadOptions {
         n_ctx: args.ctx_size,
         backend: args.backend.kind(args.reference, None)?,
+        no_repack: args.backend.no_repack,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

@@ -34,7 +34,7 @@ use super::{SendPtr, WeightRef};
 /// Weight rows per unit (two 16-lane vectors).
 pub const ROWS: usize = 32;
 /// Tokens per micro-kernel call.
-const NT: usize = 4;
+pub(super) const NT: usize = 4;
 
 /// The sub-block size `S` of `dtype` on this path, or `None` when it has none here.
 pub fn sub_block(dtype: GgmlType) -> Option<usize> {
@@ -78,12 +78,12 @@ pub fn unsupported(w: &WeightRef<'_>) -> Option<String> {
 /// Activations `[n_tokens, k]` quantized for the int8 GEMM.
 #[derive(Clone, Debug)]
 pub struct QActs {
-    n_tokens: usize,
-    k: usize,
+    pub(super) n_tokens: usize,
+    pub(super) k: usize,
     /// `[n_tokens, k]` i8.
-    q: Vec<i8>,
+    pub(super) q: Vec<i8>,
     /// `[n_tokens, k / 32]` block scales.
-    d: Vec<f32>,
+    pub(super) d: Vec<f32>,
     /// `[n_tokens, k / 16]` `d · Σ q` over each 16 elements.
     s16: Vec<f32>,
     /// `[n_tokens, k / 32]` `d · Σ q` over each 32-block.
@@ -216,13 +216,13 @@ impl QActs {
     }
 
     /// The per-sub-block sums for sub-block size `s` (16 or 32).
-    fn sums(&self, s: usize) -> &[f32] {
+    pub(super) fn sums(&self, s: usize) -> &[f32] {
         if s == 16 { &self.s16 } else { &self.s32 }
     }
 }
 
 /// One row unpacked: `q` `[k]` u8, `s` and `m` `[k / S]`.
-fn unpack_row(dtype: GgmlType, src: &[u8], q: &mut [u8], s: &mut [f32], m: &mut [f32]) {
+pub(super) fn unpack_row(dtype: GgmlType, src: &[u8], q: &mut [u8], s: &mut [f32], m: &mut [f32]) {
     let h = |b: &[u8], i: usize| fp16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]));
     match dtype {
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
@@ -354,13 +354,13 @@ pub fn unpacked_row(dtype: GgmlType, src: &[u8], k: usize) -> Option<Vec<f32>> {
 }
 
 /// The 32 rows `r0..r0 + 32` of `w` as the micro-kernel reads them.
-struct Panel {
+pub(super) struct Panel {
     /// `[k / 4][32]` quads of 4 u8 (little-endian u32), i.e. `[k / 4][32][4]` bytes.
-    q: Vec<u32>,
+    pub(super) q: Vec<u32>,
     /// `[k / S][32]` scales.
-    s: Vec<f32>,
+    pub(super) s: Vec<f32>,
     /// `[k / S][32]` offsets.
-    m: Vec<f32>,
+    pub(super) m: Vec<f32>,
     /// Scratch `[k]` u8, `[k / S]` f32 ×2: one row.
     row_q: Vec<u8>,
     row_s: Vec<f32>,
@@ -368,7 +368,7 @@ struct Panel {
 }
 
 impl Panel {
-    fn new(k: usize, sz: usize) -> Panel {
+    pub(super) fn new(k: usize, sz: usize) -> Panel {
         Panel {
             q: vec![0; k / 4 * ROWS],
             s: vec![0.0; k / sz * ROWS],
@@ -379,7 +379,7 @@ impl Panel {
         }
     }
 
-    fn fill(&mut self, w: &WeightRef<'_>, r0: usize) {
+    pub(super) fn fill(&mut self, w: &WeightRef<'_>, r0: usize) {
         let rb = w.row_bytes();
         for r in 0..ROWS {
             let src = &w.bytes[(r0 + r) * rb..(r0 + r + 1) * rb];
@@ -410,7 +410,7 @@ impl Panel {
 /// Tokens `t0..t0 + nt` and rows `r0..r0 + 32` must lie inside `out` (`[n_tokens, rows]`),
 /// and no other thread may write that rectangle meanwhile.
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro_scalar(
+pub(super) unsafe fn micro_scalar(
     p: &Panel,
     x: &QActs,
     sz: usize,
@@ -443,7 +443,7 @@ unsafe fn micro_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod vnni {
+pub(super) mod vnni {
     use std::arch::x86_64::*;
 
     use super::{NT, Panel, QActs, ROWS};
@@ -562,7 +562,7 @@ mod vnni {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{Panel, QActs, ROWS};
@@ -700,7 +700,7 @@ impl Int8Path {
         let x86 = cfg!(target_arch = "x86_64");
         match self {
             Int8Path::Scalar => true,
-            Int8Path::Avx2 => x86 && f.avx2 && f.fma,
+            Int8Path::Avx2 => x86 && f.avx2 && f.fma && f.f16c,
             Int8Path::Vnni => x86 && f.avx512f && f.avx512bw && f.avx512vnni,
         }
     }
@@ -779,8 +779,28 @@ pub fn gemm_i8(
         return Ok(());
     }
     let sz = sub_block(w.dtype).unwrap_or(32);
+    gemm_panels(path, w.rows, w.cols, sz, x, out, pool, &|p, r0| {
+        p.fill(&w, r0)
+    });
+    Ok(())
+}
+
+/// The unit loop of [`gemm_i8`] with the panel of rows `r0..r0 + 32` made by `fill` (from the
+/// file's blocks, or from a repacked matrix). `out` is `[x.n_tokens, rows]`, already checked.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_panels(
+    path: Int8Path,
+    rows: usize,
+    cols: usize,
+    sz: usize,
+    x: &QActs,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+    fill: &(dyn Fn(&mut Panel, usize) + Sync),
+) {
+    debug_assert!(rows.is_multiple_of(ROWS) && out.len() == x.n_tokens * rows);
     let nt = pool.map_or(1, ThreadPool::n_threads);
-    let n_rb = w.rows / ROWS;
+    let n_rb = rows / ROWS;
     // Token chunks only when row blocks are scarce (each chunk re-unpacks its panel).
     let tc = (2 * nt).div_ceil(n_rb).clamp(1, x.n_tokens.div_ceil(NT));
     let n_units = n_rb * tc;
@@ -788,7 +808,7 @@ pub fn gemm_i8(
     let out_ptr = SendPtr(out.as_mut_ptr());
     let work = |_t: usize, _nt: usize| {
         let out_ptr = &out_ptr;
-        let mut p = Panel::new(w.cols, sz);
+        let mut p = Panel::new(cols, sz);
         let mut last_rb = usize::MAX;
         loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
@@ -797,38 +817,38 @@ pub fn gemm_i8(
             }
             let (rb, tcx) = (u / tc, u % tc);
             if rb != last_rb {
-                p.fill(&w, rb * ROWS);
+                fill(&mut p, rb * ROWS);
                 last_rb = rb;
             }
             let tr = split_range(x.n_tokens, 1, tcx, tc);
             #[cfg(target_arch = "x86_64")]
             match path {
                 Int8Path::Vnni => {
-                    // SAFETY: VNNI checked; tokens tr ⊂ 0..n_tokens and rows rb*32..+32 ⊂
-                    // 0..rows lie inside `out` (checked sizes); units own disjoint rectangles.
+                    // SAFETY: VNNI checked by the caller; tokens tr ⊂ 0..n_tokens and rows
+                    // rb*32..+32 ⊂ 0..rows lie inside `out` (checked sizes); units own disjoint
+                    // rectangles.
                     unsafe {
-                        vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows)
+                        vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, rows)
                     };
                     continue;
                 }
                 Int8Path::Avx2 => {
-                    // SAFETY: AVX2 checked; as above.
+                    // SAFETY: AVX2 checked by the caller; as above.
                     unsafe {
-                        avx2::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, w.rows)
+                        avx2::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, rows)
                     };
                     continue;
                 }
                 Int8Path::Scalar => {}
             }
             // SAFETY: as above; this unit's rectangle is written by this thread only.
-            unsafe { micro_scalar(&p, x, sz, tr.start, tr.len(), out_ptr.0, rb * ROWS, w.rows) };
+            unsafe { micro_scalar(&p, x, sz, tr.start, tr.len(), out_ptr.0, rb * ROWS, rows) };
         }
     };
     match pool {
         Some(p) if nt > 1 => p.run(&work),
         _ => work(0, 1),
     }
-    Ok(())
 }
 
 #[cfg(test)]

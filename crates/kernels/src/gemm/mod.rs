@@ -41,6 +41,7 @@
 pub(crate) mod amx;
 pub mod int8;
 pub(crate) mod micro;
+pub mod packed;
 #[cfg(test)]
 mod tests;
 mod unpack;

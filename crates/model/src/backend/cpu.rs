@@ -1,7 +1,12 @@
-//! The fast CPU backend: weights stay in the memory mapping, activations are quantized once per
-//! matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the SIMD dot
-//! products of [`damascus_kernels::quantdot`] (ISA chosen once at run time), split over the
-//! kernels' persistent [`ThreadPool`]. The KV cache is head-major, f16 by default (attention
+//! The fast CPU backend. On CPUs with AVX-512 VNNI every weight the int8 kernels take is
+//! **repacked at load** into [`PackedMatrix`] panels (32 rows interleaved, scales pre-unpacked;
+//! read from the file with `pread`, so the mapping's pages are not kept resident as well), and
+//! every matmul and embedding lookup reads that copy: prompts through its GEMM, decode through
+//! its GEMV (rows split by 32-row panels). Elsewhere, or with `DAMASCUS_REPACK=0` /
+//! [`CpuBackend::with_repack`], weights stay in the memory mapping, activations are quantized
+//! once per matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the
+//! SIMD dot products of [`damascus_kernels::quantdot`] (ISA chosen once at run time). Work is
+//! split over the kernels' persistent [`ThreadPool`]. The KV cache is head-major, f16 by default (attention
 //! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads).
 //!
 //! Work split:
@@ -22,6 +27,7 @@ use std::sync::Mutex;
 use damascus_gguf::GgmlType;
 use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
 use damascus_kernels::attn_prefill;
+use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
 use damascus_kernels::pool::{ThreadPool, physical_cores, split_range};
 use damascus_kernels::quantdot::{
@@ -66,6 +72,12 @@ pub struct CpuBackend {
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
+    /// Weights the int8 path can take are repacked at load ([`PackedMatrix`]) and the mapping
+    /// is no longer read for them (VNNI CPUs); `DAMASCUS_REPACK=0` or
+    /// [`CpuBackend::with_repack`] keeps every weight in the mapping.
+    repack: bool,
+    /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
+    repacked: Mutex<(usize, usize, f64)>,
 }
 
 impl Drop for CpuBackend {
@@ -108,6 +120,11 @@ impl CpuBackend {
         .filter(|p| p.is_available());
         let attn_amx = gemm == Some(GemmPath::Amx)
             && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
+        // Repacked on VNNI only: its decode kernel streams at the bandwidth roofline, while
+        // the AVX2 one (two 16-row passes per panel) measured 15-25 % slower than the AVX2 dot
+        // products on the file layout.
+        let repack = int8 == Some(gemm::int8::Int8Path::Vnni)
+            && !std::env::var("DAMASCUS_REPACK").is_ok_and(|v| v.trim() == "0");
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
@@ -116,6 +133,8 @@ impl CpuBackend {
             attn_amx,
             prof: OpProfile::from_env(),
             gemm_bufs: Mutex::new((None, None)),
+            repack,
+            repacked: Mutex::new((0, 0, 0.0)),
         }
     }
 
@@ -125,6 +144,13 @@ impl CpuBackend {
             Some(p) => p.time(key, f),
             None => f(),
         }
+    }
+
+    /// With `on == false`, weights stay in the file's layout (see [`PackedMatrix`]); call before
+    /// the model is loaded. Repacking also needs an int8 path and no `DAMASCUS_REPACK=0`.
+    pub fn with_repack(mut self, on: bool) -> CpuBackend {
+        self.repack &= on;
+        self
     }
 
     /// The prefill GEMM path in use (`None`: prompts use the per-token dot products).
@@ -163,6 +189,8 @@ pub struct CpuMatrix {
     kind: MatKind,
     /// Whether the prefill GEMM can take this matrix.
     gemm_ok: bool,
+    /// The repacked copy every matmul and lookup reads instead of the mapping, if any.
+    packed: Option<PackedMatrix>,
 }
 
 /// The KV cache of every layer, head-major so each thread streams whole heads.
@@ -500,6 +528,20 @@ impl CpuBackend {
                 });
             }
         }
+        if ws.iter().any(|w| w.packed.is_some()) {
+            if ws.iter().all(|w| w.packed.is_some() && w.cols == x.width) {
+                return self.packed_matmuls(ws, x, outs, swiglu);
+            }
+            // A mix: each matrix on its own path, the SwiGLU after.
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                self.matmuls(&[*w], x, &mut [&mut **o], false)?;
+            }
+            if swiglu {
+                let (g, rest) = outs.split_at_mut(1);
+                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
+            }
+            return Ok(());
+        }
         if let Some(path) = self.gemm.filter(|_| n_tokens >= GEMM_MIN_TOKENS)
             && ws.iter().all(|w| w.gemm_ok && w.cols == x.width)
         {
@@ -638,6 +680,158 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
+    /// [`CpuBackend::matmuls`] on repacked matrices: `x` quantized once for the int8 kernels;
+    /// prompts through [`PackedMatrix::gemm`], decode (and short inputs) split by 32-row panels
+    /// over the threads in one fork/join for every matrix, gate/up with the SwiGLU in the same
+    /// pass.
+    fn packed_matmuls(
+        &self,
+        ws: &[&CpuMatrix],
+        x: &HostAct,
+        outs: &mut [&mut HostAct],
+        swiglu: bool,
+    ) -> Result<(), ModelError> {
+        let n = x.n_tokens;
+        let Some(path) = self.int8 else {
+            unreachable!("matrices are repacked only with an int8 path")
+        };
+        fn packed(w: &CpuMatrix) -> &PackedMatrix {
+            w.packed
+                .as_ref()
+                .unwrap_or_else(|| unreachable!("checked by the caller"))
+        }
+        let pool = Some(&self.pool);
+        if n >= GEMM_MIN_TOKENS && self.gemm.is_some() {
+            let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
+            let r = self.timed(
+                || "int8 acts (quantize)".into(),
+                || match &mut bufs.1 {
+                    Some(q) => q.requantize(&x.data, n, x.width, pool),
+                    slot @ None => {
+                        gemm::int8::QActs::new(&x.data, n, x.width, pool).map(|q| *slot = Some(q))
+                    }
+                },
+            );
+            r.map_err(|e| kernel_err("int8 gemm input", e))?;
+            let Some(xq) = &bufs.1 else {
+                unreachable!("quantized above")
+            };
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                let key = || {
+                    let class = weight_class(w.tensor.name());
+                    format!("gemm {class} {:?} packed {}", w.dtype, path.name())
+                };
+                self.timed(key, || packed(w).gemm(path, xq, &mut o.data, pool))
+                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+            }
+            drop(bufs);
+            if swiglu {
+                self.swiglu_rows(outs);
+            }
+            return Ok(());
+        }
+        let key = || {
+            let names: Vec<&str> = ws.iter().map(|w| weight_class(w.tensor.name())).collect();
+            format!("gemv {} packed", names.join("+"))
+        };
+        self.timed(key, || {
+            // Small: a fresh buffer, so concurrent sequences never wait on a shared one.
+            let xq = gemm::int8::QActs::new(&x.data, n, x.width, pool)
+                .map_err(|e| kernel_err("int8 activations", e))?;
+            let nt = self.pool.n_threads();
+            let rows = gemm::int8::ROWS;
+            // Per matrix, per thread: (rows, [n, rows.len()] output: the matrix's own chunk for
+            // one token, a buffer gathered below for several).
+            let chunks: Vec<Vec<Chunk<'_, f32>>> = ws
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(w, o)| {
+                    if n == 1 {
+                        split_mut(&mut o.data, 1, rows, nt)
+                    } else {
+                        (0..nt)
+                            .map(|t| (split_range(w.rows, rows, t, nt), Mutex::new(&mut [][..])))
+                            .collect()
+                    }
+                })
+                .collect();
+            let few: Vec<Vec<Mutex<Vec<f32>>>> = if n > 1 {
+                chunks
+                    .iter()
+                    .map(|c| {
+                        c.iter()
+                            .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n]))
+                            .collect()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let fuse = swiglu && n == 1 && ws[0].rows == ws[1].rows;
+            let err = FirstError::default();
+            self.pool.run(&|t, _| {
+                for (i, w) in ws.iter().enumerate() {
+                    let (r, chunk) = &chunks[i][t];
+                    let panels = r.start / rows..r.end / rows;
+                    let res = if n == 1 {
+                        let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
+                        packed(w).gemv_panels(path, &xq, panels, &mut g, r.len())
+                    } else {
+                        let mut g = few[i][t].lock().unwrap_or_else(|p| p.into_inner());
+                        packed(w).gemv_panels(path, &xq, panels, &mut g, r.len())
+                    };
+                    if let Err(e) = res {
+                        err.set(kernel_err(w.tensor.name(), e));
+                        return;
+                    }
+                }
+                if fuse {
+                    let mut g = chunks[0][t].1.lock().unwrap_or_else(|p| p.into_inner());
+                    let u = chunks[1][t].1.lock().unwrap_or_else(|p| p.into_inner());
+                    damascus_kernels::elementwise::swiglu(&mut g, &u);
+                }
+            });
+            drop(chunks);
+            err.into_result()?;
+            if n > 1 {
+                for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
+                    for (t, buf) in bufs.into_iter().enumerate() {
+                        let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
+                        let r = split_range(w.rows, rows, t, nt);
+                        for tok in 0..n {
+                            o.data[tok * w.rows + r.start..tok * w.rows + r.end]
+                                .copy_from_slice(&buf[tok * r.len()..(tok + 1) * r.len()]);
+                        }
+                    }
+                }
+            }
+            if swiglu && !fuse {
+                let (g, rest) = outs.split_at_mut(1);
+                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
+            }
+            Ok(())
+        })
+    }
+
+    /// `outs[0] = silu(outs[0]) · outs[1]`, split by tokens.
+    fn swiglu_rows(&self, outs: &mut [&mut HostAct]) {
+        let (g, rest) = outs.split_at_mut(1);
+        let (gate, up) = (&mut *g[0], &*rest[0]);
+        self.timed(
+            || "swiglu".into(),
+            || {
+                self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
+                    damascus_kernels::elementwise::swiglu(
+                        chunk,
+                        &up.data[r.start * up.width..r.end * up.width],
+                    );
+                })
+            },
+        );
+    }
+}
+
+impl CpuBackend {
     /// [`CpuBackend::matmuls`] through the prefill GEMM: `x` packed once, one GEMM per matrix.
     fn gemm_matmuls(
         &self,
@@ -722,19 +916,7 @@ impl CpuBackend {
             .map_err(|e| kernel_err(w.tensor.name(), e))?;
         }
         if swiglu {
-            let (g, rest) = outs.split_at_mut(1);
-            let (gate, up) = (&mut *g[0], &*rest[0]);
-            self.timed(
-                || "swiglu".into(),
-                || {
-                    self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
-                        damascus_kernels::elementwise::swiglu(
-                            chunk,
-                            &up.data[r.start * up.width..r.end * up.width],
-                        );
-                    })
-                },
-            );
+            self.swiglu_rows(outs);
         }
         Ok(())
     }
@@ -864,6 +1046,21 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn load_note(&self) -> Option<String> {
+        let g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.int8.map_or("", |p| p.name());
+        match *g {
+            (0, _, _) if self.int8 == Some(gemm::int8::Int8Path::Vnni) && !self.repack => {
+                Some("weights kept in the file layout (repacking off)".into())
+            }
+            (0, _, _) => None,
+            (n, bytes, secs) => Some(format!(
+                "repacked {n} tensors ({:.2} GiB) for {path} in {secs:.2} s",
+                bytes as f64 / f64::from(1u32 << 30)
+            )),
+        }
+    }
+
     fn prepare_matrix(&self, w: &FileTensor) -> Result<CpuMatrix, ModelError> {
         let view = w.view()?;
         let wv = view.as_weight()?;
@@ -879,6 +1076,32 @@ impl Backend for CpuBackend {
         }
         .unsupported()
         .is_none();
+        let wr = WeightRef {
+            dtype: wv.dtype,
+            bytes: view.bytes()?,
+            rows: wv.rows,
+            cols: wv.cols,
+        };
+        let packed = match self.int8 {
+            Some(path)
+                if self.repack
+                    && path.supports(wv.dtype)
+                    && PackedMatrix::unsupported(&wr).is_none() =>
+            {
+                let t0 = std::time::Instant::now();
+                let rb = wv.row_bytes();
+                let read = |r0: usize, buf: &mut [u8]| w.read_bytes(r0 * rb, buf);
+                let m =
+                    PackedMatrix::pack_from(wv.dtype, wv.rows, wv.cols, Some(&self.pool), &read)
+                        .map_err(|e| kernel_err(w.name(), e))??;
+                let mut g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
+                g.0 += 1;
+                g.1 += m.n_bytes();
+                g.2 += t0.elapsed().as_secs_f64();
+                Some(m)
+            }
+            _ => None,
+        };
         Ok(CpuMatrix {
             tensor: w.clone(),
             dtype: wv.dtype,
@@ -887,6 +1110,7 @@ impl Backend for CpuBackend {
             row_bytes: wv.row_bytes(),
             kind,
             gemm_ok,
+            packed,
         })
     }
 
@@ -923,6 +1147,19 @@ impl Backend for CpuBackend {
             || "embed".into(),
             || {
                 check_len("embed", "out", out.data.len(), ids.len() * table.cols)?;
+                if let Some(p) = &table.packed {
+                    for (&id, row) in ids.iter().zip(out.data.chunks_exact_mut(table.cols)) {
+                        if id as usize >= table.rows {
+                            return Err(ModelError::TokenOutOfRange {
+                                id,
+                                n_vocab: table.rows,
+                            });
+                        }
+                        p.dequant_row(id as usize, row)
+                            .map_err(|e| kernel_err("embed", e))?;
+                    }
+                    return Ok(());
+                }
                 let view = table.tensor.view()?;
                 let w = view.as_weight()?;
                 k::embed_rows(&w, ids, &mut out.data)?;

@@ -180,6 +180,13 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         self.name
     }
 
+    fn load_note(&self) -> Option<String> {
+        match (self.a.load_note(), self.b.load_note()) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        }
+    }
+
     fn prepare_matrix(&self, w: &FileTensor) -> Result<Self::Matrix, ModelError> {
         Ok(match layer_of(w.name()).map(|l| self.side_of_layer(l)) {
             Some(Side::B) => SplitMatrix::B(self.b.prepare_matrix(w)?),

@@ -1,0 +1,1418 @@
+//! Weights repacked at load for the int8 paths ([`super::int8`]): 32 rows interleaved per
+//! panel, quants in the order `vpdpbusd` reads them, sub-block scales and mins pre-unpacked.
+//! A [`PackedMatrix`] replaces the file's blocks for every use: prompt GEMMs expand a panel
+//! with a few byte operations (no per-row shuffles, no 6-bit scale decoding), and decode
+//! multiplies the packed bytes directly ([`PackedMatrix::gemv_panels`]), so the mapping is not
+//! read again and memory is not doubled.
+//!
+//! # Layout
+//!
+//! Panel `p` holds rows `32 p .. 32 p + 32`, `k / B` chunks of `B` columns (`B` = 256 for the
+//! K-quants, 32 for the legacy types). A chunk is a head (per-row f16 fields), then per
+//! sub-block of `S` columns its per-row scales followed by its `S / 4` *quad records*, so a
+//! kernel walks the bytes strictly forward (a layout with all of a chunk's scales first and the
+//! records after measured half the DRAM bandwidth: the hardware prefetcher lost the stream). In a
+//! record, value `P = 4 r + c` is row `r`'s column `4 kq + c`, exactly the byte order of the
+//! expanded panel (`[k / 4][32 rows][4]`, two 64-byte vectors):
+//!
+//! | quants | record bytes | value `P` |
+//! | --- | ---: | --- |
+//! | 4-bit (Q4_K, Q4_0, Q4_1) | 64 | nibble `P >> 6` of byte `P & 63` |
+//! | 5-bit (Q5_K, Q5_0, Q5_1) | 64 + 16 | the nibble, plus bit 4 from bit `P` of bytes 64..80 |
+//! | 6-bit (Q6_K) | 64 + 32 | the nibble, plus bits 4-5 from bits `2 (P >> 5)` of byte `64 + (P & 31)` |
+//! | 8-bit (Q8_0, biased by 128) | 128 | byte `P` |
+//!
+//! so one 64-byte load and an `and`/shift give both vectors of a quad, and the high bits come
+//! from a mask (`vpaddb` under a 64-bit mask) or one variable shift. Scales are `[32 rows]`
+//! per field, so a vector load takes them for 16 rows:
+//!
+//! | type | head | per sub-block `j` | `s`, `m` of sub-block `j` |
+//! | --- | --- | --- | --- |
+//! | Q4_K / Q5_K | `d`, `dmin` f16 | `sc_j`, `mn_j` u8 | `d · sc_j`, `dmin · mn_j` |
+//! | Q6_K | `d` f16 | `sc_j` i8 | `d · sc_j`, `32 d · sc_j` |
+//! | Q8_0 / Q4_0 / Q5_0 | `d` f16 | — | `d`, `128 d` / `8 d` / `16 d` |
+//! | Q4_1 / Q5_1 | `d`, `m` f16 | — | `d`, `−m` |
+//!
+//! Sizes equal the file's except Q4_K and Q5_K (148 and 180 bytes per 256 weights of a row
+//! instead of 144 and 176: the 6-bit scales take a byte each). `s` and `m` are the same f32
+//! products [`super::int8`]'s unpacker forms, and every kernel here does the int8 GEMM's
+//! arithmetic in the same order, so results equal [`super::int8::gemm_i8_ref`] on the file's
+//! blocks (tested on every path).
+
+use std::ops::Range;
+
+use damascus_quant::GgmlType;
+use damascus_quant::fp::fp16_to_f32;
+
+use crate::pool::ThreadPool;
+use crate::quantdot::KernelError;
+
+use super::WeightRef;
+use super::int8::{Int8Path, NT, Panel, QActs, ROWS, gemm_panels};
+
+/// Quant storage of a packed type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quants {
+    Nib,
+    Nib1,
+    Nib2,
+    Byte,
+}
+
+/// Scale storage of a packed type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scales {
+    /// Q4_K / Q5_K: d, dmin, 8 × (sc, mn) per 256.
+    K4,
+    /// Q6_K: d, 16 × sc per 256.
+    K6,
+    /// d per 32, `m = c · d`.
+    D,
+    /// d and m per 32, offset `−m`.
+    Dm,
+}
+
+const Q_NIB: u8 = 0;
+const Q_NIB1: u8 = 1;
+const Q_NIB2: u8 = 2;
+const Q_BYTE: u8 = 3;
+const S_K4: u8 = 0;
+const S_K6: u8 = 1;
+const S_D: u8 = 2;
+const S_DM: u8 = 3;
+
+impl Quants {
+    const fn id(self) -> u8 {
+        match self {
+            Quants::Nib => Q_NIB,
+            Quants::Nib1 => Q_NIB1,
+            Quants::Nib2 => Q_NIB2,
+            Quants::Byte => Q_BYTE,
+        }
+    }
+}
+
+impl Scales {
+    const fn id(self) -> u8 {
+        match self {
+            Scales::K4 => S_K4,
+            Scales::K6 => S_K6,
+            Scales::D => S_D,
+            Scales::Dm => S_DM,
+        }
+    }
+}
+
+/// Bytes of one quad record.
+const fn rec_bytes(q: u8) -> usize {
+    match q {
+        Q_NIB => 64,
+        Q_NIB1 => 80,
+        Q_NIB2 => 96,
+        _ => 128,
+    }
+}
+
+/// Bytes of a chunk's head: the per-row f16 fields (`d`, and `dmin` or `m`).
+const fn head_bytes(s: u8) -> usize {
+    match s {
+        S_K4 | S_DM => 128,
+        _ => 64,
+    }
+}
+
+/// Bytes of the per-row sub-block scales in front of each sub-block's records (`sc` and `mn`
+/// `[32]` u8 for Q4_K/Q5_K, `sc` `[32]` i8 for Q6_K; none for the legacy types, whose chunk
+/// is one sub-block scaled by the head).
+const fn sub_head(s: u8) -> usize {
+    match s {
+        S_K4 => 64,
+        S_K6 => 32,
+        _ => 0,
+    }
+}
+
+/// Columns per chunk.
+const fn chunk_cols(s: u8) -> usize {
+    match s {
+        S_K4 | S_K6 => 256,
+        _ => 32,
+    }
+}
+
+/// Columns per sub-block (one scale).
+const fn sub_cols(s: u8) -> usize {
+    if s == S_K6 { 16 } else { 32 }
+}
+
+/// Bytes of one sub-block: its scales, then its quad records.
+const fn sub_bytes(q: u8, s: u8) -> usize {
+    sub_head(s) + sub_cols(s) / 4 * rec_bytes(q)
+}
+
+/// Bytes of one chunk.
+const fn chunk_bytes(q: u8, s: u8) -> usize {
+    head_bytes(s) + chunk_cols(s) / sub_cols(s) * sub_bytes(q, s)
+}
+
+/// Offset in its chunk of sub-block `j`'s scales.
+const fn sub_at(q: u8, s: u8, j: usize) -> usize {
+    head_bytes(s) + j * sub_bytes(q, s)
+}
+
+/// Offset in its chunk of the quad record holding local column `li`.
+const fn rec_at(q: u8, s: u8, li: usize) -> usize {
+    let sz = sub_cols(s);
+    sub_at(q, s, li / sz) + sub_head(s) + li % sz / 4 * rec_bytes(q)
+}
+
+/// How `dtype` is packed: quants, scales and the `m = c · d` factor of [`Scales::D`].
+fn format(dtype: GgmlType) -> Option<(Quants, Scales, f32)> {
+    Some(match dtype {
+        GgmlType::Q4_K => (Quants::Nib, Scales::K4, 0.0),
+        GgmlType::Q5_K => (Quants::Nib1, Scales::K4, 0.0),
+        GgmlType::Q6_K => (Quants::Nib2, Scales::K6, 0.0),
+        GgmlType::Q8_0 => (Quants::Byte, Scales::D, 128.0),
+        GgmlType::Q4_0 => (Quants::Nib, Scales::D, 8.0),
+        GgmlType::Q5_0 => (Quants::Nib1, Scales::D, 16.0),
+        GgmlType::Q4_1 => (Quants::Nib, Scales::Dm, 0.0),
+        GgmlType::Q5_1 => (Quants::Nib1, Scales::Dm, 0.0),
+        _ => return None,
+    })
+}
+
+/// Whether `dtype` has a packed layout.
+pub fn can_pack(dtype: GgmlType) -> bool {
+    format(dtype).is_some()
+}
+
+/// Zeroed, page-aligned bytes of their own anonymous mapping, advised for transparent huge
+/// pages on Linux. Fresh pages are faulted in (and cleared by the kernel) by the threads that
+/// pack into them, in parallel, and 2 MiB pages make both that and decode's streaming cheaper
+/// in TLB misses (with 4 KiB pages the page clearing alone took 30 % of the load on a VM).
+struct Aligned {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl Aligned {
+    fn zeroed(len: usize) -> Result<Aligned, KernelError> {
+        let map = memmap2::MmapMut::map_anon(len.max(1))
+            .map_err(|e| KernelError::BadShape(format!("repack: cannot map {len} bytes: {e}")))?;
+        #[cfg(target_os = "linux")]
+        {
+            // Only a hint; a kernel without THP says no and nothing changes.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(Aligned { map, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.map[..self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map[..self.len]
+    }
+}
+
+/// `f(first_row_or_panel, bytes)`: fills a buffer, or fails with `E`.
+type ReadPanel<'a, E> = dyn Fn(usize, &mut [u8]) -> Result<(), E> + Sync + 'a;
+
+/// A weight matrix in the packed layout (see the module docs).
+pub struct PackedMatrix {
+    dtype: GgmlType,
+    rows: usize,
+    cols: usize,
+    quants: Quants,
+    scales: Scales,
+    /// `m = mmul · d` for [`Scales::D`].
+    mmul: f32,
+    /// Bytes per panel (a multiple of 64).
+    panel_bytes: usize,
+    /// `[rows / 32][panel_bytes]`.
+    data: Aligned,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("dtype", &self.dtype)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("bytes", &self.n_bytes())
+            .finish()
+    }
+}
+
+/// One row's fields for [`PackedMatrix::pack_panel`]: the file's block `blk` of a chunk into
+/// the chunk `dst`, quants stored as `q`.
+fn put_scales(dtype: GgmlType, q: u8, blk: &[u8], r: usize, dst: &mut [u8]) {
+    let sk = format(dtype).map_or(S_D, |f| f.1.id());
+    let at = |j: usize| sub_at(q, sk, j);
+    let mut f16_at = |at: usize, lo: u8, hi: u8| {
+        dst[at + 2 * r] = lo;
+        dst[at + 2 * r + 1] = hi;
+    };
+    match dtype {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            f16_at(0, blk[0], blk[1]);
+            f16_at(64, blk[2], blk[3]);
+            let sc = &blk[4..16];
+            for j in 0..8 {
+                let (s, m) = if j < 4 {
+                    (sc[j] & 63, sc[j + 4] & 63)
+                } else {
+                    (
+                        (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                        (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+                    )
+                };
+                dst[at(j) + r] = s;
+                dst[at(j) + 32 + r] = m;
+            }
+        }
+        GgmlType::Q6_K => {
+            f16_at(0, blk[208], blk[209]);
+            for j in 0..16 {
+                dst[at(j) + r] = blk[192 + j];
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            f16_at(0, blk[0], blk[1]);
+            f16_at(64, blk[2], blk[3]);
+        }
+        _ => f16_at(0, blk[0], blk[1]),
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    fp16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// `(s, m)` of row `r` in the chunk `sc`, for the sub-block whose scales start at `so`.
+#[inline(always)]
+fn scale_of(s: Scales, mmul: f32, sc: &[u8], so: usize, r: usize) -> (f32, f32) {
+    match s {
+        Scales::K4 => (
+            f16_at(sc, 2 * r) * f32::from(sc[so + r]),
+            f16_at(sc, 64 + 2 * r) * f32::from(sc[so + 32 + r]),
+        ),
+        Scales::K6 => {
+            let v = f16_at(sc, 2 * r) * f32::from(sc[so + r] as i8);
+            (v, 32.0 * v)
+        }
+        Scales::D => {
+            let d = f16_at(sc, 2 * r);
+            (d, mmul * d)
+        }
+        Scales::Dm => (f16_at(sc, 2 * r), -f16_at(sc, 64 + 2 * r)),
+    }
+}
+
+/// Value `p` (`4 r + c`) of a quad record.
+#[inline(always)]
+fn value_of(q: Quants, rec: &[u8], p: usize) -> u8 {
+    let lo = |rec: &[u8]| (rec[p & 63] >> (4 * (p >> 6))) & 0xF;
+    match q {
+        Quants::Nib => lo(rec),
+        Quants::Nib1 => lo(rec) | (((rec[64 + (p >> 3)] >> (p & 7)) & 1) << 4),
+        Quants::Nib2 => lo(rec) | (((rec[64 + (p & 31)] >> (2 * (p >> 5))) & 3) << 4),
+        Quants::Byte => rec[p],
+    }
+}
+
+/// The 128 expanded bytes of a quad (`[32 rows][4]`) into its zeroed record.
+fn compress_record(q: Quants, src: &[u8], rec: &mut [u8]) {
+    if q == Quants::Byte {
+        rec.copy_from_slice(&src[..128]);
+        return;
+    }
+    let (lo, hi) = src.split_at(64);
+    for ((o, &a), &b) in rec[..64].iter_mut().zip(lo).zip(hi) {
+        *o = (a & 0xF) | (b << 4);
+    }
+    match q {
+        Quants::Nib1 => {
+            for (p, &v) in src.iter().enumerate() {
+                rec[64 + (p >> 3)] |= ((v >> 4) & 1) << (p & 7);
+            }
+        }
+        Quants::Nib2 => {
+            for (g, part) in src.chunks_exact(32).enumerate() {
+                for (o, &v) in rec[64..96].iter_mut().zip(part) {
+                    *o |= ((v >> 4) & 3) << (2 * g);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+impl PackedMatrix {
+    /// Why `w` cannot be packed, if it cannot (type, shape, byte count).
+    pub fn unsupported(w: &WeightRef<'_>) -> Option<String> {
+        if format(w.dtype).is_none() {
+            return Some(format!("no packed layout for {:?}", w.dtype));
+        }
+        super::int8::unsupported(w)
+    }
+
+    /// Packs `w` (the file's blocks), panels split over `pool`.
+    pub fn pack(w: WeightRef<'_>, pool: Option<&ThreadPool>) -> Result<PackedMatrix, KernelError> {
+        if let Some(why) = Self::unsupported(&w) {
+            return Err(KernelError::BadShape(format!("repack: {why}")));
+        }
+        let mut m = Self::zeroed(w.dtype, w.rows, w.cols)?;
+        let rb = w.row_bytes();
+        let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
+        let r = fill_panels(data.bytes_mut(), m.panel_bytes, pool, &|p, dst| {
+            m.pack_panel(&w.bytes[p * ROWS * rb..(p + 1) * ROWS * rb], dst);
+            Ok(())
+        });
+        m.data = data;
+        r.map_err(|()| KernelError::BadShape("repack failed".into()))?;
+        Ok(m)
+    }
+
+    /// Packs a `[rows, cols]` `dtype` matrix whose file blocks `read(row0, buf)` copies, 32
+    /// rows at a time (`buf` is `[32, row_bytes]`); panels split over `pool`. This is how a
+    /// backend packs from the file without touching the mapping.
+    pub fn pack_from<E: Send>(
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        pool: Option<&ThreadPool>,
+        read: &ReadPanel<'_, E>,
+    ) -> Result<Result<PackedMatrix, E>, KernelError> {
+        let rb = cols / dtype.block_size().max(1) * dtype.type_size();
+        if rows == 0 {
+            return Err(KernelError::BadShape(format!(
+                "repack: [{rows}, {cols}] {dtype:?}"
+            )));
+        }
+        let mut m = Self::zeroed(dtype, rows, cols)?;
+        let first = std::sync::Mutex::new(None);
+        let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
+        let res = fill_panels(data.bytes_mut(), m.panel_bytes, pool, &|p, dst| {
+            let mut buf = vec![0u8; ROWS * rb]; // [32, row_bytes] file blocks
+            match read(p * ROWS, &mut buf) {
+                Ok(()) => {
+                    m.pack_panel(&buf, dst);
+                    Ok(())
+                }
+                Err(e) => {
+                    let mut g = first.lock().unwrap_or_else(|p| p.into_inner());
+                    g.get_or_insert(e);
+                    Err(())
+                }
+            }
+        });
+        m.data = data;
+        if res.is_err()
+            && let Some(e) = first.into_inner().unwrap_or_else(|p| p.into_inner())
+        {
+            return Ok(Err(e));
+        }
+        Ok(Ok(m))
+    }
+
+    /// A zero matrix of the right size (checked against the type's geometry).
+    fn zeroed(dtype: GgmlType, rows: usize, cols: usize) -> Result<PackedMatrix, KernelError> {
+        let (quants, scales, mmul) = format(dtype)
+            .ok_or_else(|| KernelError::BadShape(format!("repack: no layout for {dtype:?}")))?;
+        let cc = chunk_cols(scales.id());
+        if cols == 0 || !cols.is_multiple_of(cc) || !rows.is_multiple_of(ROWS) {
+            return Err(KernelError::BadShape(format!(
+                "repack: [{rows}, {cols}] {dtype:?}"
+            )));
+        }
+        let panel_bytes = cols / cc * chunk_bytes(quants.id(), scales.id());
+        let bytes = (rows / ROWS)
+            .checked_mul(panel_bytes)
+            .filter(|&b| b <= isize::MAX as usize - 64)
+            .ok_or_else(|| KernelError::BadShape(format!("repack: [{rows}, {cols}] overflows")))?;
+        Ok(PackedMatrix {
+            dtype,
+            rows,
+            cols,
+            quants,
+            scales,
+            mmul,
+            panel_bytes,
+            data: Aligned::zeroed(bytes)?,
+        })
+    }
+
+    /// Packs 32 rows of file blocks (`[32, row_bytes]`) into one zeroed panel: the int8
+    /// GEMM's unpacker makes the expanded panel, whose quad records are then compressed (and
+    /// the integer scales copied from the blocks).
+    fn pack_panel(&self, raw: &[u8], dst: &mut [u8]) {
+        let (k, dtype) = (self.cols, self.dtype);
+        let (q, s) = (self.quants.id(), self.scales.id());
+        let (cc, cb) = (chunk_cols(s), chunk_bytes(q, s));
+        let ts = dtype.type_size();
+        let rb = k / dtype.block_size() * ts;
+        let mut p = Panel::new(k, sub_cols(s));
+        let w = WeightRef {
+            dtype,
+            bytes: raw,
+            rows: ROWS,
+            cols: k,
+        };
+        p.fill(&w, 0);
+        for r in 0..ROWS {
+            let row = &raw[r * rb..(r + 1) * rb];
+            for c in 0..k / cc {
+                // A chunk is one file block (B = the type's block size).
+                let chunk = &mut dst[c * cb..(c + 1) * cb];
+                put_scales(dtype, q, &row[c * ts..(c + 1) * ts], r, chunk);
+            }
+        }
+        let quads = quads_as_bytes(&p.q);
+        for (kq, src) in quads.chunks_exact(128).enumerate() {
+            let (c, lkq) = (kq / (cc / 4), kq % (cc / 4));
+            let at = c * cb + rec_at(q, s, 4 * lkq);
+            compress_record(self.quants, src, &mut dst[at..at + rec_bytes(q)]);
+        }
+    }
+
+    /// Block type.
+    pub fn dtype(&self) -> GgmlType {
+        self.dtype
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn n_bytes(&self) -> usize {
+        self.data.len
+    }
+
+    /// Panel `p`'s bytes.
+    fn panel(&self, p: usize) -> &[u8] {
+        let l = self.panel_bytes;
+        &self.data.bytes()[p * l..(p + 1) * l]
+    }
+
+    /// Row `r` as `s · q − m` (the values every kernel here multiplies), into `out` `[cols]`.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(KernelError::BadShape(format!(
+                "packed row {r} of [{}, {}] into {} values",
+                self.rows,
+                self.cols,
+                out.len()
+            )));
+        }
+        let (q, s) = (self.quants.id(), self.scales.id());
+        let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
+        let panel = self.panel(r / ROWS);
+        let rr = r % ROWS;
+        for (c, o) in out.chunks_exact_mut(cc).enumerate() {
+            let chunk = &panel[c * cb..(c + 1) * cb];
+            for (li, v) in o.iter_mut().enumerate() {
+                let rec = &chunk[rec_at(q, s, li)..];
+                let qv = value_of(self.quants, rec, 4 * rr + li % 4);
+                let so = sub_at(q, s, li / sz);
+                let (sv, mv) = scale_of(self.scales, self.mmul, chunk, so, rr);
+                *v = sv * f32::from(qv) - mv;
+            }
+        }
+        Ok(())
+    }
+
+    /// Expands panel `p` into the int8 GEMM's panel (`[k / 4][32][4]` u8, `[k / S][32]` f32).
+    fn expand(&self, p: usize, dst: &mut Panel) {
+        let (q, s) = (self.quants.id(), self.scales.id());
+        let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
+        let rbq = rec_bytes(q);
+        let panel = self.panel(p);
+        let nsub = cc / sz;
+        let dq = quads_as_bytes_mut(&mut dst.q);
+        for c in 0..self.cols / cc {
+            let chunk = &panel[c * cb..(c + 1) * cb];
+            for j in 0..nsub {
+                for r in 0..ROWS {
+                    let (sv, mv) = scale_of(self.scales, self.mmul, chunk, sub_at(q, s, j), r);
+                    dst.s[(c * nsub + j) * ROWS + r] = sv;
+                    dst.m[(c * nsub + j) * ROWS + r] = mv;
+                }
+            }
+            for kq in 0..cc / 4 {
+                let rec: &[u8] = &chunk[rec_at(q, s, 4 * kq)..][..rbq];
+                let out: &mut [u8] = &mut dq[(c * cc / 4 + kq) * 128..][..128];
+                expand_record(self.quants, rec, out);
+            }
+        }
+    }
+
+    /// `out = x · Wᵀ` (`out` `[n_tokens, rows]`) for a prompt: units of 32 rows × a token
+    /// range over `pool`, each panel expanded once per unit and multiplied by `path`'s
+    /// micro-kernel.
+    pub fn gemm(
+        &self,
+        path: Int8Path,
+        x: &QActs,
+        out: &mut [f32],
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), KernelError> {
+        self.check(path, x, out.len(), x.n_tokens * self.rows)?;
+        if x.n_tokens == 0 {
+            return Ok(());
+        }
+        let sz = sub_cols(self.scales.id());
+        gemm_panels(path, self.rows, self.cols, sz, x, out, pool, &|p, r0| {
+            self.expand(r0 / ROWS, p)
+        });
+        Ok(())
+    }
+
+    /// Panels `panels` (rows `32 · panels`) times every token of `x`, straight from the
+    /// packed bytes (no expansion: decode's path): `out[t · stride + (r − 32 · panels.start)]`.
+    pub fn gemv_panels(
+        &self,
+        path: Int8Path,
+        x: &QActs,
+        panels: Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) -> Result<(), KernelError> {
+        let n_rows = panels.len() * ROWS;
+        let need = if x.n_tokens == 0 {
+            0
+        } else {
+            (x.n_tokens - 1) * stride + n_rows
+        };
+        if panels.end > self.rows / ROWS || stride < n_rows {
+            return Err(KernelError::BadShape(format!(
+                "packed gemv: panels {panels:?} of {} with stride {stride}",
+                self.rows / ROWS
+            )));
+        }
+        self.check(path, x, out.len().min(need), need)?;
+        for (i, p) in panels.enumerate() {
+            let panel = self.panel(p);
+            let mut t = 0;
+            while t < x.n_tokens {
+                let n = (x.n_tokens - t).min(NT);
+                let o = &mut out[t * stride + i * ROWS..];
+                // SAFETY: the path is available (checked); tokens t..t + n < n_tokens, and
+                // `o` holds rows 0..32 of token j at j · stride (`need` ≤ out.len()).
+                unsafe { self.micro(path, panel, x, t, n, o.as_mut_ptr(), stride) };
+                t += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn check(
+        &self,
+        path: Int8Path,
+        x: &QActs,
+        out_len: usize,
+        need: usize,
+    ) -> Result<(), KernelError> {
+        if !path.is_available() || !path.supports(self.dtype) {
+            return Err(KernelError::BadShape(format!(
+                "packed int8: {} cannot run {:?} on this CPU",
+                path.name(),
+                self.dtype
+            )));
+        }
+        if x.k != self.cols || out_len != need {
+            return Err(KernelError::BadShape(format!(
+                "packed int8: [{}, {}] activations, [{}, {}] weights, {out_len} outputs \
+                 ({need} expected)",
+                x.n_tokens, x.k, self.rows, self.cols
+            )));
+        }
+        Ok(())
+    }
+
+    /// `n` (≤ 4) tokens from `t0` times one panel into `out[j · stride + r]`.
+    ///
+    /// # Safety
+    /// `path` is available; tokens `t0..t0 + n` lie in `x`; `out` holds `(n − 1) · stride + 32`
+    /// values.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn micro(
+        &self,
+        path: Int8Path,
+        panel: &[u8],
+        x: &QActs,
+        t0: usize,
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let pf = crate::quantdot::prefetch_distance();
+            macro_rules! dispatch {
+                ($m:ident, $($n:literal),*) => {
+                    match (self.quants, self.scales) {
+                        (Quants::Nib, Scales::K4) => dispatch!(@n $m, Q_NIB, S_K4, $($n),*),
+                        (Quants::Nib1, Scales::K4) => dispatch!(@n $m, Q_NIB1, S_K4, $($n),*),
+                        (Quants::Nib2, Scales::K6) => dispatch!(@n $m, Q_NIB2, S_K6, $($n),*),
+                        (Quants::Byte, Scales::D) => dispatch!(@n $m, Q_BYTE, S_D, $($n),*),
+                        (Quants::Nib, Scales::D) => dispatch!(@n $m, Q_NIB, S_D, $($n),*),
+                        (Quants::Nib1, Scales::D) => dispatch!(@n $m, Q_NIB1, S_D, $($n),*),
+                        (Quants::Nib, Scales::Dm) => dispatch!(@n $m, Q_NIB, S_DM, $($n),*),
+                        (Quants::Nib1, Scales::Dm) => dispatch!(@n $m, Q_NIB1, S_DM, $($n),*),
+                        _ => unreachable!("format() pairs"),
+                    }
+                };
+                (@n $m:ident, $q:ident, $s:ident, $($n:literal),*) => {
+                    match n {
+                        $($n => {
+                            // SAFETY: forwarded from the caller.
+                            unsafe {
+                                $m::micro::<$n, $q, $s>(
+                                    panel, self.cols, self.mmul, x, t0, out, stride, pf,
+                                )
+                            }
+                        })*
+                        _ => unreachable!("n ≤ 4"),
+                    }
+                };
+            }
+            match path {
+                Int8Path::Vnni => return dispatch!(vnni, 1, 2, 3, 4),
+                Int8Path::Avx2 => return dispatch!(avx2, 1, 2, 3, 4),
+                Int8Path::Scalar => {}
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.micro_scalar(panel, x, t0, n, out, stride) }
+    }
+
+    /// Scalar twin of the packed micro-kernels (and, value for value, of the int8 GEMM's):
+    /// per sub-block an exact integer dot, then `acc = fma(idot, s · dx, acc)` and
+    /// `acc = fma(−m, xsum, acc)`.
+    ///
+    /// # Safety
+    /// As [`PackedMatrix::micro`].
+    unsafe fn micro_scalar(
+        &self,
+        panel: &[u8],
+        x: &QActs,
+        t0: usize,
+        n: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let k = self.cols;
+        let (q, s) = (self.quants.id(), self.scales.id());
+        let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
+        let sums = x.sums(sz);
+        let nsub = k / sz;
+        for t in t0..t0 + n {
+            let xq = &x.q[t * k..(t + 1) * k];
+            for r in 0..ROWS {
+                let mut acc = 0f32;
+                for b in 0..nsub {
+                    let c = b * sz / cc;
+                    let chunk = &panel[c * cb..(c + 1) * cb];
+                    let mut dot = 0i32;
+                    for (i, &xv) in xq.iter().enumerate().skip(b * sz).take(sz) {
+                        let li = i - c * cc;
+                        let rec = &chunk[rec_at(q, s, li)..];
+                        let v = value_of(self.quants, rec, 4 * r + li % 4);
+                        dot += i32::from(v) * i32::from(xv);
+                    }
+                    let so = sub_at(q, s, b % (cc / sz));
+                    let (sv, mv) = scale_of(self.scales, self.mmul, chunk, so, r);
+                    let dx = x.d[t * (k / 32) + b * sz / 32];
+                    acc = (dot as f32).mul_add(sv * dx, acc);
+                    acc = (-mv).mul_add(sums[t * nsub + b], acc);
+                }
+                // SAFETY: inside the caller's `out`.
+                unsafe { *out.add((t - t0) * stride + r) = acc };
+            }
+        }
+    }
+}
+
+/// One quad record into its 128 expanded bytes (`[32 rows][4]`).
+#[inline(always)]
+fn expand_record(q: Quants, rec: &[u8], out: &mut [u8]) {
+    let (lo, hi) = out.split_at_mut(64);
+    if q == Quants::Byte {
+        out.copy_from_slice(&rec[..128]);
+        return;
+    }
+    for ((a, b), &v) in lo.iter_mut().zip(hi.iter_mut()).zip(&rec[..64]) {
+        *a = v & 0xF;
+        *b = v >> 4;
+    }
+    match q {
+        Quants::Nib1 => {
+            let bits = &rec[64..80];
+            for (p, o) in out.iter_mut().enumerate() {
+                *o |= ((bits[p >> 3] >> (p & 7)) & 1) << 4;
+            }
+        }
+        Quants::Nib2 => {
+            let h = &rec[64..96];
+            for (g, part) in out.chunks_exact_mut(32).enumerate() {
+                for (o, &b) in part.iter_mut().zip(h) {
+                    *o |= ((b >> (2 * g)) & 3) << 4;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Runs `f(panel, bytes)` on every `pb`-byte panel of `data`, split over `pool`; stops at
+/// the first error.
+fn fill_panels(
+    data: &mut [u8],
+    pb: usize,
+    pool: Option<&ThreadPool>,
+    f: &ReadPanel<'_, ()>,
+) -> Result<(), ()> {
+    let n_panels = data.len() / pb;
+    let bytes = data;
+    let nt = pool.map_or(1, ThreadPool::n_threads);
+    let chunks: Vec<std::sync::Mutex<(usize, &mut [u8])>> = {
+        let mut out = Vec::with_capacity(nt);
+        let mut rest = bytes;
+        let mut p0 = 0;
+        for t in 0..nt {
+            let r = crate::pool::split_range(n_panels, 1, t, nt);
+            let (a, b) = std::mem::take(&mut rest).split_at_mut(r.len() * pb);
+            rest = b;
+            out.push(std::sync::Mutex::new((p0, a)));
+            p0 += r.len();
+        }
+        out
+    };
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let work = |t: usize, _nt: usize| {
+        let mut g = chunks[t].lock().unwrap_or_else(|p| p.into_inner());
+        let (p0, ref mut buf) = *g;
+        for (i, dst) in buf.chunks_exact_mut(pb).enumerate() {
+            if failed.load(std::sync::atomic::Ordering::Relaxed) || f(p0 + i, dst).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+        }
+    };
+    match pool {
+        Some(p) if nt > 1 => p.run(&work),
+        _ => work(0, 1),
+    }
+    if failed.into_inner() { Err(()) } else { Ok(()) }
+}
+
+/// Software prefetch of the lines of a `len`-byte record `dist` bytes ahead of `p` (decode
+/// streams weights from DRAM; the distance is `DAMASCUS_PREFETCH`, as for the dot products).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch(p: *const u8, dist: usize, len: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    if dist == 0 {
+        return;
+    }
+    let q = p.wrapping_add(dist);
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(q.cast()) };
+    if len > 64 && (q as usize & 63) + len > 64 {
+        // SAFETY: as above.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(64).cast()) };
+    }
+}
+
+fn quads_as_bytes(q: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding; the same memory viewed as 4× as many bytes.
+    unsafe { std::slice::from_raw_parts(q.as_ptr().cast::<u8>(), q.len() * 4) }
+}
+
+fn quads_as_bytes_mut(q: &mut [u32]) -> &mut [u8] {
+    // SAFETY: u32 has no padding and any byte pattern is a valid u32; same memory, 4× length.
+    unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr().cast::<u8>(), q.len() * 4) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{
+        Q_BYTE, Q_NIB1, Q_NIB2, QActs, S_D, S_DM, S_K4, S_K6, chunk_bytes, chunk_cols, prefetch,
+        rec_bytes, sub_at, sub_cols, sub_head,
+    };
+
+    /// Both 64-byte vectors (rows 0-15, 16-31) of the quad record at `rec`.
+    #[inline(always)]
+    unsafe fn load<const Q: u8>(rec: *const u8) -> (__m512i, __m512i) {
+        // SAFETY: the record holds rec_bytes(Q) bytes.
+        unsafe {
+            if Q == Q_BYTE {
+                return (
+                    _mm512_loadu_si512(rec.cast()),
+                    _mm512_loadu_si512(rec.add(64).cast()),
+                );
+            }
+            let nib = _mm512_set1_epi8(0x0F);
+            let l = _mm512_loadu_si512(rec.cast());
+            let mut w0 = _mm512_and_si512(l, nib);
+            let mut w1 = _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+            if Q == Q_NIB1 {
+                let k0 = (rec.add(64) as *const u64).read_unaligned();
+                let k1 = (rec.add(72) as *const u64).read_unaligned();
+                let b4 = _mm512_set1_epi8(0x10);
+                w0 = _mm512_mask_add_epi8(w0, k0, w0, b4);
+                w1 = _mm512_mask_add_epi8(w1, k1, w1, b4);
+            } else if Q == Q_NIB2 {
+                let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(rec.add(64).cast()));
+                let c0 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+                let c1 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+                let b45 = _mm512_set1_epi8(0x30);
+                // w | (h_shifted & 0x30)
+                w0 = _mm512_ternarylogic_epi32(w0, _mm512_sllv_epi16(h, c0), b45, 0xF8);
+                w1 = _mm512_ternarylogic_epi32(w1, _mm512_srlv_epi16(h, c1), b45, 0xF8);
+            }
+            (w0, w1)
+        }
+    }
+
+    /// `[32]` f16 at `p` as two f32 vectors.
+    #[inline(always)]
+    unsafe fn f16x32(p: *const u8) -> [__m512; 2] {
+        // SAFETY: 64 bytes at p.
+        unsafe {
+            [
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32).cast())),
+            ]
+        }
+    }
+
+    /// `[32]` u8 (or i8 when `SIGNED`) at `p` as two f32 vectors.
+    #[inline(always)]
+    unsafe fn bytes32<const SIGNED: bool>(p: *const u8) -> [__m512; 2] {
+        // SAFETY: 32 bytes at p.
+        unsafe {
+            let (a, b) = (_mm_loadu_si128(p.cast()), _mm_loadu_si128(p.add(16).cast()));
+            if SIGNED {
+                [
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)),
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
+                ]
+            } else {
+                [
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(a)),
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)),
+                ]
+            }
+        }
+    }
+
+    /// `N` tokens from `t0` times one packed panel (`cols` columns): the
+    /// [`super::PackedMatrix::micro_scalar`] arithmetic on AVX-512 VNNI.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VNNI present; `panel` is a whole panel of format `(Q, S)`; tokens
+    /// `t0..t0 + N` lie in `x`; `out` holds `(N − 1) · stride + 32` values.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
+        panel: &[u8],
+        cols: usize,
+        mmul: f32,
+        x: &QActs,
+        t0: usize,
+        out: *mut f32,
+        stride: usize,
+        pf: usize,
+    ) {
+        let k = cols;
+        let (cc, cb, sz) = (chunk_cols(S), chunk_bytes(Q, S), sub_cols(S));
+        let (rb, sq, nsc) = (rec_bytes(Q), sz / 4, cc / sz);
+        let nsub = k / sz;
+        let sums = x.sums(sz);
+        let xq = x.q.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); 2]; N];
+        let sign = _mm512_set1_ps(-0.0);
+        for c in 0..k / cc {
+            // SAFETY: chunk c of the panel (k / cc chunks of cb bytes).
+            let base = unsafe { panel.as_ptr().add(c * cb) };
+            // SAFETY: the chunk starts with its scales.
+            let (d, d2) = unsafe {
+                match S {
+                    S_K4 | S_DM => (f16x32(base), f16x32(base.add(64))),
+                    _ => (f16x32(base), [_mm512_setzero_ps(); 2]),
+                }
+            };
+            for j in 0..nsc {
+                let b = c * nsc + j;
+                let mut dot = [[_mm512_setzero_si512(); 2]; N];
+                for qd in 0..sq {
+                    let kq = b * sq + qd;
+                    let rec = base.wrapping_add(sub_at(Q, S, j) + sub_head(S) + qd * rb);
+                    // SAFETY: record j · sq + qd of the chunk.
+                    let (w0, w1) = unsafe { load::<Q>(rec) };
+                    prefetch(rec, pf, rb);
+                    for (i, dd) in dot.iter_mut().enumerate() {
+                        // SAFETY: token t0 + i < n_tokens, column 4 kq + 3 < k.
+                        let xv = unsafe {
+                            (xq.add((t0 + i) * k + 4 * kq) as *const i32).read_unaligned()
+                        };
+                        let xb = _mm512_set1_epi32(xv);
+                        dd[0] = _mm512_dpbusd_epi32(dd[0], w0, xb);
+                        dd[1] = _mm512_dpbusd_epi32(dd[1], w1, xb);
+                    }
+                }
+                // SAFETY: sub-block j's scale bytes lie in the chunk's scales.
+                let (s, m) = unsafe {
+                    match S {
+                        S_K4 => {
+                            let (sc, mn) = (
+                                bytes32::<false>(base.add(sub_at(Q, S, j))),
+                                bytes32::<false>(base.add(sub_at(Q, S, j) + 32)),
+                            );
+                            (
+                                [_mm512_mul_ps(d[0], sc[0]), _mm512_mul_ps(d[1], sc[1])],
+                                [_mm512_mul_ps(d2[0], mn[0]), _mm512_mul_ps(d2[1], mn[1])],
+                            )
+                        }
+                        S_K6 => {
+                            let sc = bytes32::<true>(base.add(sub_at(Q, S, j)));
+                            let v = [_mm512_mul_ps(d[0], sc[0]), _mm512_mul_ps(d[1], sc[1])];
+                            let c32 = _mm512_set1_ps(32.0);
+                            (v, [_mm512_mul_ps(c32, v[0]), _mm512_mul_ps(c32, v[1])])
+                        }
+                        S_D => {
+                            let mm = _mm512_set1_ps(mmul);
+                            (d, [_mm512_mul_ps(mm, d[0]), _mm512_mul_ps(mm, d[1])])
+                        }
+                        _ => {
+                            debug_assert_eq!(S, S_DM);
+                            (d, [_mm512_xor_ps(d2[0], sign), _mm512_xor_ps(d2[1], sign)])
+                        }
+                    }
+                };
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let t = t0 + i;
+                    let dx = _mm512_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
+                    let xs = _mm512_set1_ps(sums[t * nsub + b]);
+                    a[0] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(dot[i][0]),
+                        _mm512_mul_ps(s[0], dx),
+                        a[0],
+                    );
+                    a[1] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(dot[i][1]),
+                        _mm512_mul_ps(s[1], dx),
+                        a[1],
+                    );
+                    a[0] = _mm512_fnmadd_ps(m[0], xs, a[0]);
+                    a[1] = _mm512_fnmadd_ps(m[1], xs, a[1]);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: 32 values at i · stride inside `out`.
+            unsafe {
+                let o = out.add(i * stride);
+                _mm512_storeu_ps(o, a[0]);
+                _mm512_storeu_ps(o.add(16), a[1]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{
+        Q_BYTE, Q_NIB1, Q_NIB2, QActs, S_D, S_DM, S_K4, S_K6, chunk_bytes, chunk_cols, prefetch,
+        rec_bytes, sub_at, sub_cols, sub_head,
+    };
+
+    /// 32 bits at `p` as 32 bytes `0x10` (set) or 0.
+    #[inline(always)]
+    unsafe fn bits_to_b4(p: *const u8) -> __m256i {
+        // SAFETY: 4 bytes at p; the caller runs with AVX2.
+        unsafe {
+            let bits = (p as *const i32).read_unaligned();
+            let v = _mm256_set1_epi32(bits);
+            let idx = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let sel = _mm256_and_si256(_mm256_shuffle_epi8(v, idx), bit);
+            _mm256_and_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(0x10))
+        }
+    }
+
+    /// The two 32-byte vectors (rows `16 h .. 16 h + 8`, `+ 8 .. + 16`) of half `h` of the
+    /// quad record at `rec`.
+    #[inline(always)]
+    unsafe fn load<const Q: u8>(rec: *const u8, h: usize) -> (__m256i, __m256i) {
+        // SAFETY: the record holds rec_bytes(Q) bytes.
+        unsafe {
+            if Q == Q_BYTE {
+                return (
+                    _mm256_loadu_si256(rec.add(64 * h).cast()),
+                    _mm256_loadu_si256(rec.add(64 * h + 32).cast()),
+                );
+            }
+            let nib = _mm256_set1_epi8(0x0F);
+            let (mut l0, mut l1) = (
+                _mm256_loadu_si256(rec.cast()),
+                _mm256_loadu_si256(rec.add(32).cast()),
+            );
+            if h == 1 {
+                l0 = _mm256_srli_epi16(l0, 4);
+                l1 = _mm256_srli_epi16(l1, 4);
+            }
+            let (mut w0, mut w1) = (_mm256_and_si256(l0, nib), _mm256_and_si256(l1, nib));
+            if Q == Q_NIB1 {
+                w0 = _mm256_or_si256(w0, bits_to_b4(rec.add(64 + 8 * h)));
+                w1 = _mm256_or_si256(w1, bits_to_b4(rec.add(64 + 8 * h + 4)));
+            } else if Q == Q_NIB2 {
+                let hb = _mm256_loadu_si256(rec.add(64).cast());
+                let b45 = _mm256_set1_epi8(0x30);
+                let (a, b) = if h == 0 {
+                    (_mm256_slli_epi16(hb, 4), _mm256_slli_epi16(hb, 2))
+                } else {
+                    (hb, _mm256_srli_epi16(hb, 2))
+                };
+                w0 = _mm256_or_si256(w0, _mm256_and_si256(a, b45));
+                w1 = _mm256_or_si256(w1, _mm256_and_si256(b, b45));
+            }
+            (w0, w1)
+        }
+    }
+
+    /// `[16]` f16 at `p` as two f32 vectors.
+    #[inline(always)]
+    unsafe fn f16x16(p: *const u8) -> [__m256; 2] {
+        // SAFETY: 32 bytes at p.
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+            ]
+        }
+    }
+
+    /// `[16]` u8 (i8 when `SIGNED`) at `p` as two f32 vectors.
+    #[inline(always)]
+    unsafe fn bytes16<const SIGNED: bool>(p: *const u8) -> [__m256; 2] {
+        // SAFETY: 16 bytes at p.
+        unsafe {
+            let (a, b) = (_mm_loadl_epi64(p.cast()), _mm_loadl_epi64(p.add(8).cast()));
+            if SIGNED {
+                [
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+                ]
+            } else {
+                [
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)),
+                ]
+            }
+        }
+    }
+
+    /// [`super::vnni::micro`] on AVX2 + FMA + F16C: `vpmaddubsw` then `vpmaddwd` by ones, 16
+    /// rows per pass (quants ≤ 63 cannot saturate the i16 pair sums; Q8_0 is not offered here).
+    ///
+    /// # Safety
+    /// As `vnni::micro`, with AVX2, FMA and F16C present.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
+        panel: &[u8],
+        cols: usize,
+        mmul: f32,
+        x: &QActs,
+        t0: usize,
+        out: *mut f32,
+        stride: usize,
+        pf: usize,
+    ) {
+        let k = cols;
+        let (cc, cb, sz) = (chunk_cols(S), chunk_bytes(Q, S), sub_cols(S));
+        let (rb, sq, nsc) = (rec_bytes(Q), sz / 4, cc / sz);
+        let nsub = k / sz;
+        let sums = x.sums(sz);
+        let xq = x.q.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        let sign = _mm256_set1_ps(-0.0);
+        for h in 0..2 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; N];
+            for c in 0..k / cc {
+                // SAFETY: chunk c of the panel.
+                let base = unsafe { panel.as_ptr().add(c * cb) };
+                // SAFETY: the chunk starts with its scales; rows 16 h.. of each field.
+                let (d, d2) = unsafe {
+                    match S {
+                        S_K4 | S_DM => (f16x16(base.add(32 * h)), f16x16(base.add(64 + 32 * h))),
+                        _ => (f16x16(base.add(32 * h)), [_mm256_setzero_ps(); 2]),
+                    }
+                };
+                for j in 0..nsc {
+                    let b = c * nsc + j;
+                    let mut dot = [[_mm256_setzero_si256(); 2]; N];
+                    for qd in 0..sq {
+                        let kq = b * sq + qd;
+                        let rec = base.wrapping_add(sub_at(Q, S, j) + sub_head(S) + qd * rb);
+                        // SAFETY: record j · sq + qd of the chunk.
+                        let (w0, w1) = unsafe { load::<Q>(rec, h) };
+                        if h == 0 {
+                            prefetch(rec, pf, rb);
+                        }
+                        for (i, dd) in dot.iter_mut().enumerate() {
+                            // SAFETY: token t0 + i < n_tokens, column 4 kq + 3 < k.
+                            let xv = unsafe {
+                                (xq.add((t0 + i) * k + 4 * kq) as *const i32).read_unaligned()
+                            };
+                            let xb = _mm256_set1_epi32(xv);
+                            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones);
+                            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones);
+                            dd[0] = _mm256_add_epi32(dd[0], p0);
+                            dd[1] = _mm256_add_epi32(dd[1], p1);
+                        }
+                    }
+                    // SAFETY: sub-block j's scale bytes, rows 16 h.., lie in the chunk.
+                    let (s, m) = unsafe {
+                        match S {
+                            S_K4 => {
+                                let (sc, mn) = (
+                                    bytes16::<false>(base.add(sub_at(Q, S, j) + 16 * h)),
+                                    bytes16::<false>(base.add(sub_at(Q, S, j) + 32 + 16 * h)),
+                                );
+                                (
+                                    [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])],
+                                    [_mm256_mul_ps(d2[0], mn[0]), _mm256_mul_ps(d2[1], mn[1])],
+                                )
+                            }
+                            S_K6 => {
+                                let sc = bytes16::<true>(base.add(sub_at(Q, S, j) + 16 * h));
+                                let v = [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])];
+                                let c32 = _mm256_set1_ps(32.0);
+                                (v, [_mm256_mul_ps(c32, v[0]), _mm256_mul_ps(c32, v[1])])
+                            }
+                            S_D => {
+                                let mm = _mm256_set1_ps(mmul);
+                                (d, [_mm256_mul_ps(mm, d[0]), _mm256_mul_ps(mm, d[1])])
+                            }
+                            _ => {
+                                debug_assert_eq!(S, S_DM);
+                                (d, [_mm256_xor_ps(d2[0], sign), _mm256_xor_ps(d2[1], sign)])
+                            }
+                        }
+                    };
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let t = t0 + i;
+                        let dx = _mm256_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
+                        let xs = _mm256_set1_ps(sums[t * nsub + b]);
+                        a[0] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(dot[i][0]),
+                            _mm256_mul_ps(s[0], dx),
+                            a[0],
+                        );
+                        a[1] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(dot[i][1]),
+                            _mm256_mul_ps(s[1], dx),
+                            a[1],
+                        );
+                        a[0] = _mm256_fnmadd_ps(m[0], xs, a[0]);
+                        a[1] = _mm256_fnmadd_ps(m[1], xs, a[1]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                // SAFETY: rows 16 h .. 16 h + 16 of token i inside `out`.
+                unsafe {
+                    let o = out.add(i * stride + 16 * h);
+                    _mm256_storeu_ps(o, a[0]);
+                    _mm256_storeu_ps(o.add(8), a[1]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::int8::gemm_i8_ref;
+    use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
+
+    const TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ];
+
+    fn cols_for(dtype: GgmlType) -> [usize; 2] {
+        if dtype.block_size() == 256 {
+            [256, 768]
+        } else {
+            [32, 96]
+        }
+    }
+
+    #[test]
+    fn packed_rows_equal_the_int8_unpacker() {
+        let pool = ThreadPool::new(2);
+        for dtype in TYPES {
+            for cols in cols_for(dtype) {
+                let rows = 64;
+                let m = matrix(dtype, rows, cols, cols as u64 + 11);
+                let w = WeightRef {
+                    dtype,
+                    bytes: &m,
+                    rows,
+                    cols,
+                };
+                let p = PackedMatrix::pack(w, Some(&pool)).unwrap();
+                let rb = m.len() / rows;
+                let mut got = vec![0f32; cols];
+                for r in [0, 1, 17, 31, 32, 63] {
+                    p.dequant_row(r, &mut got).unwrap();
+                    let want =
+                        super::super::int8::unpacked_row(dtype, &m[r * rb..(r + 1) * rb], cols)
+                            .unwrap();
+                    assert_eq!(got, want, "{dtype:?} cols {cols} row {r}");
+                }
+                let mut panel = Panel::new(cols, sub_cols(p.scales.id()));
+                let mut want = Panel::new(cols, sub_cols(p.scales.id()));
+                p.expand(1, &mut panel);
+                want.fill(&w, 32);
+                assert!(
+                    panel.q == want.q && panel.s == want.s && panel.m == want.m,
+                    "{dtype:?}: expanded panel differs from the file's unpack"
+                );
+                let file = cols / dtype.block_size() * dtype.type_size() * rows;
+                let extra = if matches!(dtype, GgmlType::Q4_K | GgmlType::Q5_K) {
+                    rows * cols / 64
+                } else {
+                    0
+                };
+                assert_eq!(p.n_bytes(), file + extra, "{dtype:?} size");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_gemv_and_gemm_match_the_int8_twin_on_awkward_shapes() {
+        let pool = ThreadPool::new(2);
+        for dtype in TYPES {
+            for cols in cols_for(dtype) {
+                for rows in [32usize, 96] {
+                    let m = matrix(dtype, rows, cols, (rows * 5 + cols) as u64);
+                    let w = WeightRef {
+                        dtype,
+                        bytes: &m,
+                        rows,
+                        cols,
+                    };
+                    let p = PackedMatrix::pack(w, None).unwrap();
+                    for n in [1usize, 2, 3, 4, 5, 7, 33] {
+                        let xf = randn(n * cols, n as u64 + 9);
+                        let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
+                        let mut want = vec![0f32; n * rows];
+                        gemm_i8_ref(w, &x, &mut want).unwrap();
+                        for path in Int8Path::available() {
+                            if !path.supports(dtype) {
+                                continue;
+                            }
+                            let name = path.name();
+                            let close = |got: &[f32], what: &str| {
+                                for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                                    assert!(
+                                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                        "{what} {name} {dtype:?} [{rows},{cols}] n={n} [{i}]: \
+                                         {a} vs twin {b}"
+                                    );
+                                }
+                            };
+                            let mut got = vec![0f32; n * rows];
+                            p.gemv_panels(path, &x, 0..rows / ROWS, &mut got, rows)
+                                .unwrap();
+                            close(&got, "gemv");
+                            // A sub-range of panels into a narrower buffer.
+                            if rows > ROWS {
+                                let mut part = vec![0f32; (n - 1) * ROWS * 2 + ROWS * 2];
+                                p.gemv_panels(path, &x, 1..3, &mut part, 2 * ROWS).unwrap();
+                                for t in 0..n {
+                                    for r in 0..2 * ROWS {
+                                        let (a, b) =
+                                            (part[t * 2 * ROWS + r], want[t * rows + ROWS + r]);
+                                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()));
+                                    }
+                                }
+                            }
+                            let mut got = vec![0f32; n * rows];
+                            p.gemm(path, &x, &mut got, Some(&pool)).unwrap();
+                            close(&got, "gemm");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pack_from_reports_read_errors_and_rejects_bad_shapes() {
+        let m = matrix(GgmlType::Q4_K, 32, 256, 3);
+        let r: Result<Result<PackedMatrix, String>, _> =
+            PackedMatrix::pack_from(GgmlType::Q4_K, 32, 256, None, &|_, _| Err("boom".into()));
+        assert_eq!(r.unwrap().unwrap_err(), "boom");
+        let ok = PackedMatrix::pack_from::<String>(GgmlType::Q4_K, 32, 256, None, &|r0, buf| {
+            buf.copy_from_slice(&m[r0 * 144..r0 * 144 + buf.len()]);
+            Ok(())
+        });
+        assert!(ok.unwrap().is_ok());
+        assert!(
+            PackedMatrix::pack_from::<()>(GgmlType::Q4_K, 16, 256, None, &|_, _| Ok(())).is_err()
+        );
+        assert!(
+            PackedMatrix::pack_from::<()>(GgmlType::F16, 32, 256, None, &|_, _| Ok(())).is_err()
+        );
+        let w = WeightRef {
+            dtype: GgmlType::Q4_K,
+            bytes: &m[..100],
+            rows: 32,
+            cols: 256,
+        };
+        assert!(PackedMatrix::pack(w, None).is_err());
+        let p = PackedMatrix::pack_from::<()>(GgmlType::Q4_K, 32, 256, None, &|_, _| Ok(()))
+            .unwrap()
+            .unwrap();
+        let x = QActs::new(&[0.5; 512], 2, 256, None).unwrap();
+        assert!(
+            p.gemv_panels(Int8Path::Scalar, &x, 0..2, &mut [0.0; 64], 32)
+                .is_err()
+        );
+        assert!(
+            p.gemv_panels(Int8Path::Scalar, &x, 0..1, &mut [0.0; 63], 32)
+                .is_err()
+        );
+        assert!(p.dequant_row(32, &mut [0.0; 256]).is_err());
+    }
+}
