@@ -137,6 +137,25 @@ fn write_to_path_is_atomic_and_mmap_reads_back() {
     assert_eq!(f.path(), Some(path.as_path()));
     assert_eq!(f.file_size(), std::fs::metadata(&path).unwrap().len());
     assert_same(&f, &GgufFile::from_bytes(synthetic_bytes()).unwrap());
+    // Ranges of a tensor read through the file (pread) equal the mapped bytes, on a mapped
+    // and an in-memory file; a range past the tensor is an error, not a short read.
+    let mem = GgufFile::from_bytes(synthetic_bytes()).unwrap();
+    for file in [&f, &mem] {
+        for info in file.tensors() {
+            let data = file.tensor_data(info);
+            let n = data.len();
+            let mut buf = vec![0u8; n / 2];
+            file.read_tensor_range(info, (n - n / 2) as u64, &mut buf)
+                .unwrap();
+            assert_eq!(buf, data[n - n / 2..n - n / 2 + n / 2], "{}", info.name);
+            let mut one = [0u8; 1];
+            let e = file
+                .read_tensor_range(info, n as u64, &mut one)
+                .unwrap_err();
+            assert!(e.to_string().contains(&info.name), "{e}");
+            assert!(file.read_tensor_range(info, u64::MAX, &mut one).is_err());
+        }
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

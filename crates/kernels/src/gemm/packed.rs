@@ -1131,6 +1131,53 @@ mod avx2 {
         }
     }
 
+    /// `(s, m)` of rows `16 h .. 16 h + 16` (two vectors each) for sub-block `j` of the chunk at
+    /// `base`.
+    ///
+    /// # Safety
+    /// `base` is a whole chunk of format `(Q, S)`; AVX2 and F16C are present.
+    #[inline(always)]
+    unsafe fn scales16<const Q: u8, const S: u8>(
+        base: *const u8,
+        j: usize,
+        h: usize,
+        mmul: f32,
+    ) -> ([__m256; 2], [__m256; 2]) {
+        // SAFETY: the head and the sub-block's scales lie in the chunk.
+        unsafe {
+            let d = f16x16(base.add(32 * h));
+            match S {
+                S_K4 => {
+                    let d2 = f16x16(base.add(64 + 32 * h));
+                    let (sc, mn) = (
+                        bytes16::<false>(base.add(sub_at(Q, S, j) + 16 * h)),
+                        bytes16::<false>(base.add(sub_at(Q, S, j) + 32 + 16 * h)),
+                    );
+                    (
+                        [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])],
+                        [_mm256_mul_ps(d2[0], mn[0]), _mm256_mul_ps(d2[1], mn[1])],
+                    )
+                }
+                S_K6 => {
+                    let sc = bytes16::<true>(base.add(sub_at(Q, S, j) + 16 * h));
+                    let v = [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])];
+                    let c32 = _mm256_set1_ps(32.0);
+                    (v, [_mm256_mul_ps(c32, v[0]), _mm256_mul_ps(c32, v[1])])
+                }
+                S_D => {
+                    let mm = _mm256_set1_ps(mmul);
+                    (d, [_mm256_mul_ps(mm, d[0]), _mm256_mul_ps(mm, d[1])])
+                }
+                _ => {
+                    debug_assert_eq!(S, S_DM);
+                    let d2 = f16x16(base.add(64 + 32 * h));
+                    let sign = _mm256_set1_ps(-0.0);
+                    (d, [_mm256_xor_ps(d2[0], sign), _mm256_xor_ps(d2[1], sign)])
+                }
+            }
+        }
+    }
+
     /// [`super::vnni::micro`] on AVX2 + FMA + F16C: `vpmaddubsw` then `vpmaddwd` by ones, 16
     /// rows per pass (quants ≤ 63 cannot saturate the i16 pair sums; Q8_0 is not offered here).
     ///
@@ -1155,96 +1202,73 @@ mod avx2 {
         let sums = x.sums(sz);
         let xq = x.q.as_ptr();
         let ones = _mm256_set1_epi16(1);
-        let sign = _mm256_set1_ps(-0.0);
-        for h in 0..2 {
-            let mut acc = [[_mm256_setzero_ps(); 2]; N];
+        // One token: both 16-row halves in one pass over the panel (the panel is streamed
+        // from DRAM once, and the second half does not wait for the first). More tokens: a
+        // pass per half, as their accumulators would not fit the 16 registers together.
+        let hs = if N == 1 { 2 } else { 1 };
+        for h0 in (0..2).step_by(hs) {
+            let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; N];
             for c in 0..k / cc {
                 // SAFETY: chunk c of the panel.
                 let base = unsafe { panel.as_ptr().add(c * cb) };
-                // SAFETY: the chunk starts with its scales; rows 16 h.. of each field.
-                let (d, d2) = unsafe {
-                    match S {
-                        S_K4 | S_DM => (f16x16(base.add(32 * h)), f16x16(base.add(64 + 32 * h))),
-                        _ => (f16x16(base.add(32 * h)), [_mm256_setzero_ps(); 2]),
-                    }
-                };
                 for j in 0..nsc {
                     let b = c * nsc + j;
-                    let mut dot = [[_mm256_setzero_si256(); 2]; N];
+                    let mut dot = [[[_mm256_setzero_si256(); 2]; 2]; N];
                     for qd in 0..sq {
                         let kq = b * sq + qd;
                         let rec = base.wrapping_add(sub_at(Q, S, j) + sub_head(S) + qd * rb);
-                        // SAFETY: record j · sq + qd of the chunk.
-                        let (w0, w1) = unsafe { load::<Q>(rec, h) };
-                        if h == 0 {
+                        if h0 == 0 {
                             prefetch(rec, pf, rb);
                         }
-                        for (i, dd) in dot.iter_mut().enumerate() {
-                            // SAFETY: token t0 + i < n_tokens, column 4 kq + 3 < k.
-                            let xv = unsafe {
-                                (xq.add((t0 + i) * k + 4 * kq) as *const i32).read_unaligned()
-                            };
-                            let xb = _mm256_set1_epi32(xv);
-                            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones);
-                            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones);
-                            dd[0] = _mm256_add_epi32(dd[0], p0);
-                            dd[1] = _mm256_add_epi32(dd[1], p1);
+                        for hh in 0..hs {
+                            // SAFETY: record j · sq + qd of the chunk.
+                            let (w0, w1) = unsafe { load::<Q>(rec, h0 + hh) };
+                            for (i, dt) in dot.iter_mut().enumerate() {
+                                // SAFETY: token t0 + i < n_tokens, column 4 kq + 3 < k.
+                                let xv = unsafe {
+                                    (xq.add((t0 + i) * k + 4 * kq) as *const i32).read_unaligned()
+                                };
+                                let xb = _mm256_set1_epi32(xv);
+                                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones);
+                                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones);
+                                let dd = &mut dt[hh];
+                                dd[0] = _mm256_add_epi32(dd[0], p0);
+                                dd[1] = _mm256_add_epi32(dd[1], p1);
+                            }
                         }
                     }
-                    // SAFETY: sub-block j's scale bytes, rows 16 h.., lie in the chunk.
-                    let (s, m) = unsafe {
-                        match S {
-                            S_K4 => {
-                                let (sc, mn) = (
-                                    bytes16::<false>(base.add(sub_at(Q, S, j) + 16 * h)),
-                                    bytes16::<false>(base.add(sub_at(Q, S, j) + 32 + 16 * h)),
-                                );
-                                (
-                                    [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])],
-                                    [_mm256_mul_ps(d2[0], mn[0]), _mm256_mul_ps(d2[1], mn[1])],
-                                )
-                            }
-                            S_K6 => {
-                                let sc = bytes16::<true>(base.add(sub_at(Q, S, j) + 16 * h));
-                                let v = [_mm256_mul_ps(d[0], sc[0]), _mm256_mul_ps(d[1], sc[1])];
-                                let c32 = _mm256_set1_ps(32.0);
-                                (v, [_mm256_mul_ps(c32, v[0]), _mm256_mul_ps(c32, v[1])])
-                            }
-                            S_D => {
-                                let mm = _mm256_set1_ps(mmul);
-                                (d, [_mm256_mul_ps(mm, d[0]), _mm256_mul_ps(mm, d[1])])
-                            }
-                            _ => {
-                                debug_assert_eq!(S, S_DM);
-                                (d, [_mm256_xor_ps(d2[0], sign), _mm256_xor_ps(d2[1], sign)])
-                            }
+                    for hh in 0..hs {
+                        // SAFETY: the chunk's head and sub-block j's scales, rows 16 h..
+                        let (s, m) = unsafe { scales16::<Q, S>(base, j, h0 + hh, mmul) };
+                        for (i, at) in acc.iter_mut().enumerate() {
+                            let t = t0 + i;
+                            let dx = _mm256_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
+                            let xs = _mm256_set1_ps(sums[t * nsub + b]);
+                            let (a, dd) = (&mut at[hh], &dot[i][hh]);
+                            a[0] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(dd[0]),
+                                _mm256_mul_ps(s[0], dx),
+                                a[0],
+                            );
+                            a[1] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(dd[1]),
+                                _mm256_mul_ps(s[1], dx),
+                                a[1],
+                            );
+                            a[0] = _mm256_fnmadd_ps(m[0], xs, a[0]);
+                            a[1] = _mm256_fnmadd_ps(m[1], xs, a[1]);
                         }
-                    };
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let t = t0 + i;
-                        let dx = _mm256_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
-                        let xs = _mm256_set1_ps(sums[t * nsub + b]);
-                        a[0] = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(dot[i][0]),
-                            _mm256_mul_ps(s[0], dx),
-                            a[0],
-                        );
-                        a[1] = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(dot[i][1]),
-                            _mm256_mul_ps(s[1], dx),
-                            a[1],
-                        );
-                        a[0] = _mm256_fnmadd_ps(m[0], xs, a[0]);
-                        a[1] = _mm256_fnmadd_ps(m[1], xs, a[1]);
                     }
                 }
             }
-            for (i, a) in acc.iter().enumerate() {
-                // SAFETY: rows 16 h .. 16 h + 16 of token i inside `out`.
-                unsafe {
-                    let o = out.add(i * stride + 16 * h);
-                    _mm256_storeu_ps(o, a[0]);
-                    _mm256_storeu_ps(o.add(8), a[1]);
+            for (i, at) in acc.iter().enumerate() {
+                for (hh, a) in at.iter().enumerate().take(hs) {
+                    // SAFETY: rows 16 h .. 16 h + 16 of token i inside `out`.
+                    unsafe {
+                        let o = out.add(i * stride + 16 * (h0 + hh));
+                        _mm256_storeu_ps(o, a[0]);
+                        _mm256_storeu_ps(o.add(8), a[1]);
+                    }
                 }
             }
         }

@@ -1,4 +1,5 @@
-//! The fast CPU backend. On CPUs with AVX-512 VNNI every weight the int8 kernels take is
+//! The fast CPU backend. Where the int8 kernels run (AVX-512 VNNI, or AVX2, on CPUs without
+//! AMX) every weight they take is
 //! **repacked at load** into [`PackedMatrix`] panels (32 rows interleaved, scales pre-unpacked;
 //! read from the file with `pread`, so the mapping's pages are not kept resident as well), and
 //! every matmul and embedding lookup reads that copy: prompts through its GEMM, decode through
@@ -73,7 +74,8 @@ pub struct CpuBackend {
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
     /// Weights the int8 path can take are repacked at load ([`PackedMatrix`]) and the mapping
-    /// is no longer read for them (VNNI CPUs); `DAMASCUS_REPACK=0` or
+    /// is no longer read for them (wherever an int8 path runs: VNNI, or AVX2 without AMX);
+    /// `DAMASCUS_REPACK=0` or
     /// [`CpuBackend::with_repack`] keeps every weight in the mapping.
     repack: bool,
     /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
@@ -120,11 +122,8 @@ impl CpuBackend {
         .filter(|p| p.is_available());
         let attn_amx = gemm == Some(GemmPath::Amx)
             && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
-        // Repacked on VNNI only: its decode kernel streams at the bandwidth roofline, while
-        // the AVX2 one (two 16-row passes per panel) measured 15-25 % slower than the AVX2 dot
-        // products on the file layout.
-        let repack = int8 == Some(gemm::int8::Int8Path::Vnni)
-            && !std::env::var("DAMASCUS_REPACK").is_ok_and(|v| v.trim() == "0");
+        let repack =
+            int8.is_some() && !std::env::var("DAMASCUS_REPACK").is_ok_and(|v| v.trim() == "0");
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
@@ -1050,7 +1049,7 @@ impl Backend for CpuBackend {
         let g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.int8.map_or("", |p| p.name());
         match *g {
-            (0, _, _) if self.int8 == Some(gemm::int8::Int8Path::Vnni) && !self.repack => {
+            (0, _, _) if self.int8.is_some() && !self.repack => {
                 Some("weights kept in the file layout (repacking off)".into())
             }
             (0, _, _) => None,
