@@ -31,6 +31,23 @@ use common::{acts, quantized_weights, tame_scales};
 const ROWS: usize = 256;
 const K: usize = 3072;
 const TOKENS: usize = 64;
+/// The weight types measured.
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+];
+
+/// `[ROWS, K]` `dt` blocks as the GEMMs take them.
+fn weights(dt: GgmlType, bytes: &[u8]) -> WeightRef<'_> {
+    WeightRef {
+        dtype: dt,
+        bytes,
+        rows: ROWS,
+        cols: K,
+    }
+}
 
 fn bench_gemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("gemm");
@@ -39,19 +56,9 @@ fn bench_gemm(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1));
     g.throughput(Throughput::Elements((2 * ROWS * K * TOKENS) as u64));
     let x = acts(TOKENS * K);
-    for dt in [
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-    ] {
+    for dt in TYPES {
         let bytes = quantized_weights(dt, ROWS, K);
-        let w = WeightRef {
-            dtype: dt,
-            bytes: &bytes,
-            rows: ROWS,
-            cols: K,
-        };
+        let w = weights(dt, &bytes);
         let mut out = vec![0f32; TOKENS * ROWS];
         for path in GemmPath::available() {
             if path == GemmPath::Scalar || w.unsupported().is_some() {
@@ -88,19 +95,9 @@ fn bench_packed_gemv(c: &mut Criterion) {
     g.throughput(Throughput::Elements((2 * ROWS * K) as u64));
     let x = acts(K);
     let xq = int8::QActs::new(&x, 1, K, None).expect("quantize x");
-    for dt in [
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-    ] {
+    for dt in TYPES {
         let bytes = quantized_weights(dt, ROWS, K);
-        let w = WeightRef {
-            dtype: dt,
-            bytes: &bytes,
-            rows: ROWS,
-            cols: K,
-        };
+        let w = weights(dt, &bytes);
         let pk = PackedMatrix::pack(w, None).expect("pack");
         let mut out = vec![0f32; ROWS];
         for ip in int8::Int8Path::available() {

@@ -852,11 +852,12 @@ pub(super) fn gemm_panels(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
 
-    const TYPES: [GgmlType; 8] = [
+    /// Every type the int8 path multiplies (also the packed layout's).
+    pub(in crate::gemm) const TYPES: [GgmlType; 8] = [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -867,7 +868,8 @@ mod tests {
         GgmlType::Q5_1,
     ];
 
-    fn cols_for(dtype: GgmlType) -> [usize; 2] {
+    /// Column counts to test `dtype` on: one block row and three.
+    pub(in crate::gemm) fn cols_for(dtype: GgmlType) -> [usize; 2] {
         if dtype.block_size() == 256 {
             [256, 768]
         } else {

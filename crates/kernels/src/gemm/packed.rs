@@ -1279,26 +1279,8 @@ mod avx2 {
 mod tests {
     use super::*;
     use crate::gemm::int8::gemm_i8_ref;
+    use crate::gemm::int8::tests::{TYPES, cols_for};
     use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
-
-    const TYPES: [GgmlType; 8] = [
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-    ];
-
-    fn cols_for(dtype: GgmlType) -> [usize; 2] {
-        if dtype.block_size() == 256 {
-            [256, 768]
-        } else {
-            [32, 96]
-        }
-    }
 
     #[test]
     fn packed_rows_equal_the_int8_unpacker() {

@@ -311,6 +311,41 @@ impl FirstError {
     }
 }
 
+/// Per matrix, per thread: a `[n_tokens, rows.len()]` buffer for that thread's row range of a
+/// few-token row split (the ranges of `chunks`).
+fn row_buffers(chunks: &[Vec<Chunk<'_, f32>>], n_tokens: usize) -> Vec<Vec<Mutex<Vec<f32>>>> {
+    chunks
+        .iter()
+        .map(|c| {
+            c.iter()
+                .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n_tokens]))
+                .collect()
+        })
+        .collect()
+}
+
+/// Copies the [`row_buffers`] of a few-token row split (rows cut by
+/// `split_range(rows, align, t, nt)`) into the `[n_tokens, rows]` outputs.
+fn gather_rows(
+    ws: &[&CpuMatrix],
+    outs: &mut [&mut HostAct],
+    few: Vec<Vec<Mutex<Vec<f32>>>>,
+    n_tokens: usize,
+    align: usize,
+    nt: usize,
+) {
+    for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
+        for (t, buf) in bufs.into_iter().enumerate() {
+            let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
+            let r = split_range(w.rows, align, t, nt);
+            for tok in 0..n_tokens {
+                o.data[tok * w.rows + r.start..tok * w.rows + r.end]
+                    .copy_from_slice(&buf[tok * r.len()..(tok + 1) * r.len()]);
+            }
+        }
+    }
+}
+
 /// Quantized activations of `n_tokens` rows, one block vector per row laid end to end.
 enum QActs {
     K(Vec<BlockQ8K>),
@@ -598,15 +633,8 @@ impl CpuBackend {
             })
             .collect();
         // Few-token row splits write into per-thread [n_tokens, rows_t] buffers first.
-        let few: Vec<Vec<Mutex<Vec<f32>>>> = if by_rows && n_tokens > 1 {
-            chunks
-                .iter()
-                .map(|c| {
-                    c.iter()
-                        .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n_tokens]))
-                        .collect()
-                })
-                .collect()
+        let few = if by_rows && n_tokens > 1 {
+            row_buffers(&chunks, n_tokens)
         } else {
             Vec::new()
         };
@@ -659,16 +687,7 @@ impl CpuBackend {
         drop(chunks);
         err.into_result()?;
         if by_rows && n_tokens > 1 {
-            for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
-                for (t, buf) in bufs.into_iter().enumerate() {
-                    let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
-                    let rows = split_range(w.rows, ROW_ALIGN, t, nt);
-                    for tok in 0..n_tokens {
-                        o.data[tok * w.rows + rows.start..tok * w.rows + rows.end]
-                            .copy_from_slice(&buf[tok * rows.len()..(tok + 1) * rows.len()]);
-                    }
-                }
-            }
+            gather_rows(ws, outs, few, n_tokens, ROW_ALIGN, nt);
             if swiglu {
                 let (g, rest) = outs.split_at_mut(1);
                 damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
@@ -754,15 +773,8 @@ impl CpuBackend {
                     }
                 })
                 .collect();
-            let few: Vec<Vec<Mutex<Vec<f32>>>> = if n > 1 {
-                chunks
-                    .iter()
-                    .map(|c| {
-                        c.iter()
-                            .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n]))
-                            .collect()
-                    })
-                    .collect()
+            let few = if n > 1 {
+                row_buffers(&chunks, n)
             } else {
                 Vec::new()
             };
@@ -793,16 +805,7 @@ impl CpuBackend {
             drop(chunks);
             err.into_result()?;
             if n > 1 {
-                for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
-                    for (t, buf) in bufs.into_iter().enumerate() {
-                        let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
-                        let r = split_range(w.rows, rows, t, nt);
-                        for tok in 0..n {
-                            o.data[tok * w.rows + r.start..tok * w.rows + r.end]
-                                .copy_from_slice(&buf[tok * r.len()..(tok + 1) * r.len()]);
-                        }
-                    }
-                }
+                gather_rows(ws, outs, few, n, rows, nt);
             }
             if swiglu && !fuse {
                 let (g, rest) = outs.split_at_mut(1);
