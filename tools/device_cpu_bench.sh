@@ -1,28 +1,73 @@
 #!/usr/bin/env bash
-# CPU-only benchmark on the device host (16-core Xeon with AMX), run through the device tool
-# from the repository root with `.dev` carried. Dev tool, not run in CI.
+# CPU-only checks and benchmarks on the device host (16-core Xeon with AMX), run through the
+# device tool from the repository root with `.dev` carried, in phases over warm calls (the
+# carry limit is 64 MiB and a call at most 600 s; /tmp survives between warm calls).
+# Dev tool, not run in CI.
 #
-# .dev/ (git-ignored through .git/info/exclude) must hold:
-#   damascus        a stripped release build from this machine
-#   llama.tgz       vendor/llama.cpp from the llama-cpp-python==0.3.36 sdist, without build/,
-#                   tests/, examples/, docs/, models/, media/, gguf-py/ (≈ 9 MB)
-#   tokenizer.json  the Llama 3.2 tokenizer (from `damascus pull`'s cache), for `damascus synth`
-#   roofline.c      ../shared/tools/roofline.c
-# Results go to $OUT (amx16.md: the interleaved pp512 table; scaling.txt; pp2048 of both).
+#   setup   .dev/: damascus (stripped release build), llama.tgz (vendor/llama.cpp of the
+#           llama-cpp-python==0.3.36 sdist without build/, tests/, examples/, docs/, models/,
+#           media/, gguf-py/), tokenizer.json.gz (the Llama 3.2 tokenizer), roofline.c,
+#           test-kernels-lib (stripped `cargo test --release -p damascus-kernels --lib` binary),
+#           smol.* (any of the parts of the default model, `split -b 42000000 -d`).
+#           Builds llama-bench (CPU, -DGGML_NATIVE=ON: its AMX path), synthesizes the 3B
+#           model, runs the kernel tests on the tiles.
+#   tests   .dev/: the remaining smol.* parts, test-cpu-backend (stripped `cargo test --release
+#           -p damascus-model --test cpu_backend` binary). Joins and checks the default model,
+#           runs the CPU-backend tests (the fixtures are reached through /work/main).
+#   bench   The interleaved pp512 at 16 threads, then tg128 at 2 threads. Tables go to $OUT.
+#   ab      Repacked (`DAMASCUS_REPACK=1`, opt-in on AMX hosts) against the file layout
+#           (`DAMASCUS_REPACK=0`), pp512 + tg128 at 16 threads; then tg128 against llama.cpp.
 set -euo pipefail
 D=$PWD/.dev
-mkdir -p /tmp/dh/tokenizers/llama3.2 && cp "$D/tokenizer.json" /tmp/dh/tokenizers/llama3.2/
 export DAMASCUS_HOME=/tmp/dh
-(tar xzf "$D/llama.tgz" -C /tmp && cd /tmp/llama.cpp &&
-  cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/tmp/cm.log 2>&1 &&
-  cmake --build build -j14 --target llama-bench >/tmp/lb.log 2>&1) &
-"$D/damascus" synth --shape llama-3.2-3b --type Q4_K_M /tmp/l3b.gguf | tail -1
-wait
 LB=/tmp/llama.cpp/build/bin/llama-bench
-python3 tools/bench_compare.py -m /tmp/l3b.gguf -t 16 -p 512 -n 0 --runs 10 --damascus "$D/damascus" \
-  --llama-bench "$LB" --roofline "$D/roofline.c" 2>&1 | tee "$OUT/amx16.md"
-for t in 1 2 4 8 16; do "$D/damascus" bench -m /tmp/l3b.gguf -t $t -p 512 -n 0 -r 2 2>&1 | grep pp512; done |
-  tee "$OUT/scaling.txt"
-"$LB" -m /tmp/l3b.gguf -t 16 -p 2048 -n 0 -r 2 2>&1 | grep pp2048 | tee "$OUT/llama2k.txt"
-"$D/damascus" bench -m /tmp/l3b.gguf -t 16 -p 2048 -n 0 -r 2 2>&1 | grep pp2048 | tee "$OUT/dam2k.txt"
+mkdir -p /tmp/dh/tokenizers/llama3.2 /tmp/dh/models /tmp/parts /tmp/bin
+cp "$D"/smol.* /tmp/parts/ 2>/dev/null || true
+for f in damascus test-kernels-lib test-cpu-backend roofline.c; do
+    [ -e "$D/$f" ] && cp "$D/$f" /tmp/bin/
+done
+case "${1:?phase: setup | tests | bench}" in
+setup)
+    gunzip -c "$D/tokenizer.json.gz" > /tmp/dh/tokenizers/llama3.2/tokenizer.json
+    (tar xzf "$D/llama.tgz" -C /tmp && cd /tmp/llama.cpp &&
+        cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+            -DLLAMA_BUILD_SERVER=OFF >/tmp/cm.log 2>&1 &&
+        cmake --build build -j12 --target llama-bench >/tmp/lb.log 2>&1) &
+    /tmp/bin/damascus --device-info | tee "$OUT/device-info.txt"
+    /tmp/bin/damascus synth --shape llama-3.2-3b --type Q4_K_M /tmp/l3b.gguf | tail -1
+    /tmp/bin/test-kernels-lib 2>&1 | tail -4 | tee "$OUT/kernels.txt"
+    /tmp/bin/test-kernels-lib amx --nocapture 2>&1 | grep -E "^test |result" | tee -a "$OUT/kernels.txt"
+    wait
+    ls -la "$LB"
+    ;;
+tests)
+    cat /tmp/parts/smol.* > /tmp/dh/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    sha256sum /tmp/dh/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+    /tmp/bin/test-cpu-backend 2>&1 | tail -14 | tee "$OUT/cpu-backend.txt"
+    # AMX prompts from the repacked panels (opt-in on AMX hosts).
+    DAMASCUS_REPACK=1 /tmp/bin/test-cpu-backend 2>&1 | tail -14 | tee -a "$OUT/cpu-backend.txt"
+    ;;
+bench)
+    python3 tools/bench_compare.py -m /tmp/l3b.gguf -t 16 -p 512 -n 0 --runs 10 \
+        --damascus /tmp/bin/damascus --llama-bench "$LB" --roofline /tmp/bin/roofline.c 2>&1 |
+        tee "$OUT/pp512-t16.md"
+    python3 tools/bench_compare.py -m /tmp/l3b.gguf -t 2 -p 0 -n 128 --runs 10 \
+        --damascus /tmp/bin/damascus --llama-bench "$LB" --roofline /tmp/bin/roofline.c 2>&1 |
+        tee "$OUT/tg128-t2.md"
+    ;;
+ab)
+    for i in 1 2 3; do
+        for r in 1 0; do
+            echo "DAMASCUS_REPACK=$r"
+            DAMASCUS_REPACK=$r /tmp/bin/damascus bench -m /tmp/l3b.gguf -t 16 -p 512 -n 128 -r 2 2>&1 |
+                grep -E "pp512|tg128|loaded"
+        done
+    done | tee "$OUT/ab.txt"
+    python3 tools/bench_compare.py -m /tmp/l3b.gguf -t 16 -p 0 -n 128 --runs 5 \
+        --damascus /tmp/bin/damascus --llama-bench "$LB" --roofline /tmp/bin/roofline.c 2>&1 |
+        tee "$OUT/tg128-t16.md"
+    ;;
+*) echo "unknown phase $1" >&2; exit 2 ;;
+esac

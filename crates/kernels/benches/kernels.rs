@@ -8,7 +8,8 @@
 //!   [`int8::gemm_i8`]: `vnni-int8`, `avx2-int8`);
 //! * `gemv/<isa>/<type>`: the decode dot products ([`gemv_with`]) per ISA level;
 //! * `gemm/packed-<path>/<type>` and `gemv/packed-<path>/<type>`: the same on weights repacked
-//!   at load ([`PackedMatrix::gemm`], [`PackedMatrix::gemv_panels`]), per int8 path.
+//!   at load ([`PackedMatrix::gemm`], [`PackedMatrix::gemv_panels`]), per int8 path, and
+//!   `gemm/packed-amx/<type>` ([`PackedMatrix::gemm_amx`]) on AMX CPUs.
 //!
 //! `cargo bench -p damascus-kernels --bench kernels [-- FILTER]`. The table-printing
 //! harnesses `gemm` and `gemv` (no criterion) measure full-size shapes and thread counts.
@@ -68,6 +69,13 @@ fn bench_gemm(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(path.name(), format!("{dt:?}")), |b| {
                 b.iter(|| gemm::gemm(path, w, black_box(&xp), &mut out, None).expect("gemm"))
             });
+            if path == GemmPath::Amx && PackedMatrix::unsupported(&w).is_none() {
+                let pk = PackedMatrix::pack(w, None).expect("pack");
+                let id = BenchmarkId::new("packed-amx", format!("{dt:?}"));
+                g.bench_function(id, |b| {
+                    b.iter(|| pk.gemm_amx(black_box(&xp), &mut out, None).expect("gemm"))
+                });
+            }
         }
         for ip in int8::Int8Path::available() {
             if ip == int8::Int8Path::Scalar || !ip.supports(dt) || int8::unsupported(&w).is_some() {

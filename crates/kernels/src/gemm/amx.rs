@@ -27,7 +27,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use damascus_quant::dequantize_row;
 
-use super::{ActLayout, KSTEP, PackedActs, SendPtr, TILE, WeightRef, dequant_err, micro, unpack};
+use super::int8::{Panel, ROWS};
+use super::packed::PackedMatrix;
+use super::{
+    ActLayout, KSTEP, PackedActs, SendPtr, TILE, WeightRef, dequant_err, f32_to_bf16, micro, unpack,
+};
 use crate::pool::{ThreadPool, split_range};
 use crate::quantdot::KernelError;
 
@@ -233,6 +237,163 @@ thread_local! {
     static BUFS: std::cell::RefCell<(Vec<u16>, Vec<f32>)> = const {
         std::cell::RefCell::new((Vec::new(), Vec::new()))
     };
+    /// A worker's expanded 32-row panel of a repacked matrix (kept for the same reason).
+    static EXPANDED: std::cell::RefCell<Option<Panel>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Where the driver's weight rows come from.
+#[derive(Clone, Copy)]
+pub(super) enum Weights<'a> {
+    /// The file's blocks, dequantized row by row.
+    File(WeightRef<'a>),
+    /// A repacked matrix: each 32-row panel expanded ([`PackedMatrix::expand`]) and turned
+    /// into two bf16 row tiles by [`panel_to_bf16`].
+    Packed(&'a PackedMatrix),
+}
+
+impl Weights<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Weights::File(w) => (w.rows, w.cols),
+            Weights::Packed(m) => (m.rows(), m.cols()),
+        }
+    }
+}
+
+/// An expanded int8 panel (`p`: 32 rows, `[k / 4][32][4]` u8 quants, `[k / sz][32]` scales
+/// `s` and offsets `m`) as two bf16 row tiles of the AMX panel: `dst` `[2][k / 32][16][32]`
+/// bf16, value `bf16(fma(q, s, −m))` (the value [`PackedMatrix::dequant_row`] gives, up to
+/// the fused rounding).
+pub(super) fn panel_to_bf16(p: &Panel, sz: usize, k: usize, dst: &mut [u16]) {
+    assert!(
+        k.is_multiple_of(KSTEP)
+            && sz.is_power_of_two()
+            && p.q.len() >= k / 4 * ROWS
+            && p.s.len() >= k / sz * ROWS
+            && p.m.len() >= k / sz * ROWS
+            && dst.len() >= 2 * k * TILE
+    );
+    let f = crate::cpu::CpuFeatures::allowed();
+    if f.avx512bf16 && f.avx512bw {
+        // SAFETY: AVX-512F/BW and AVX512-BF16 are present (every AMX CPU has them); sizes
+        // asserted above.
+        return unsafe { panel_to_bf16_avx512bf16(p, sz, k, dst) };
+    }
+    if f.avx512bw {
+        // SAFETY: AVX-512F/BW are present; sizes asserted above.
+        return unsafe { panel_to_bf16_avx512(p, sz, k, dst) };
+    }
+    panel_to_bf16_scalar(p, sz, k, dst);
+}
+
+/// Scalar twin of [`panel_to_bf16`].
+pub(super) fn panel_to_bf16_scalar(p: &Panel, sz: usize, k: usize, dst: &mut [u16]) {
+    let nks = k / KSTEP;
+    for r in 0..ROWS {
+        for col in 0..k {
+            let q = p.q[col / 4 * ROWS + r].to_le_bytes()[col % 4];
+            let i = col / sz * ROWS + r;
+            let v = f32::from(q).mul_add(p.s[i], -p.m[i]);
+            let at = (r / TILE * nks + col / KSTEP) * TILE_ELEMS + r % TILE * KSTEP + col % KSTEP;
+            dst[at] = f32_to_bf16(v);
+        }
+    }
+}
+
+/// [`panel_to_bf16`] on AVX-512: per row pair and 32-column step one gather of the two rows'
+/// eight quads, widened and scaled, then rounded with [`f32_to_bf16`]'s integer rounding
+/// (with AVX512-BF16, [`panel_to_bf16_avx512bf16`]: `vcvtne2ps2bf16`, the same bits — the
+/// values are never subnormal, the one case where the instruction differs).
+///
+/// # Safety
+/// AVX-512F/BW are available; sizes as asserted by [`panel_to_bf16`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn panel_to_bf16_avx512(p: &Panel, sz: usize, k: usize, dst: &mut [u16]) {
+    // SAFETY: forwarded.
+    unsafe {
+        panel_to_bf16_body(p, sz, k, dst, |v0, v1| {
+            use std::arch::x86_64::*;
+            let round = |v: __m512| {
+                let bits = _mm512_castps_si512(v);
+                let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+                let bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
+                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+                let abs = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fff_ffff));
+                let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(0x40));
+                _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet))
+            };
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(round(v0)), round(v1))
+        })
+    }
+}
+
+/// [`panel_to_bf16_avx512`] with `vcvtne2ps2bf16`.
+///
+/// # Safety
+/// AVX-512F/BW and AVX512-BF16 are available; sizes as asserted by [`panel_to_bf16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn panel_to_bf16_avx512bf16(p: &Panel, sz: usize, k: usize, dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    // SAFETY: forwarded.
+    unsafe {
+        panel_to_bf16_body(p, sz, k, dst, |v0, v1| {
+            // bf16 pairs: lanes 0..16 from `v0`, 16..32 from `v1`.
+            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(v1, v0))
+        })
+    }
+}
+
+/// The loop of [`panel_to_bf16_avx512`]: `round(v0, v1)` turns a row's 32 values (columns
+/// 0..16, 16..32 of a step) into its 64 bytes of bf16.
+///
+/// # Safety
+/// AVX-512F/BW are available; sizes as asserted by [`panel_to_bf16`].
+#[inline(always)]
+unsafe fn panel_to_bf16_body(
+    p: &Panel,
+    sz: usize,
+    k: usize,
+    dst: &mut [u16],
+    round: impl Fn(std::arch::x86_64::__m512, std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i,
+) {
+    use std::arch::x86_64::*;
+    let nks = k / KSTEP;
+    // Lane i < 8: quad i of row r; lane 8 + i: quad i of row r + 1 (u32 units).
+    // SAFETY: AVX-512F is available (caller).
+    let idx = unsafe {
+        _mm512_setr_epi32(
+            0, 32, 64, 96, 128, 160, 192, 224, 1, 33, 65, 97, 129, 161, 193, 225,
+        )
+    };
+    let q = p.q.as_ptr().cast::<i32>();
+    let out = dst.as_mut_ptr();
+    for ks in 0..nks {
+        for r in (0..ROWS).step_by(2) {
+            // SAFETY (block): quads 8 ks .. 8 ks + 8 of rows r, r + 1 lie in `p.q`, scale
+            // indices below `k / sz · 32`, and each row's 32 bf16 at `at` inside `dst`
+            // (`at + 32 ≤ 2 k · 16`), all as asserted by `panel_to_bf16`.
+            unsafe {
+                let g = _mm512_i32gather_epi32::<4>(idx, q.add(ks * 8 * ROWS + r));
+                let parts = [
+                    _mm512_extracti32x4_epi32::<0>(g),
+                    _mm512_extracti32x4_epi32::<1>(g),
+                    _mm512_extracti32x4_epi32::<2>(g),
+                    _mm512_extracti32x4_epi32::<3>(g),
+                ];
+                let v = |h: usize| {
+                    let (row, c0) = (r + h / 2, h % 2 * 16);
+                    let i = (ks * KSTEP + c0) / sz * ROWS + row;
+                    let qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(parts[h]));
+                    _mm512_fmsub_ps(qf, _mm512_set1_ps(p.s[i]), _mm512_set1_ps(p.m[i]))
+                };
+                for (j, row) in [r, r + 1].into_iter().enumerate() {
+                    let at = (row / TILE * nks + ks) * TILE_ELEMS + row % TILE * KSTEP;
+                    _mm512_storeu_si512(out.add(at).cast(), round(v(2 * j), v(2 * j + 1)));
+                }
+            }
+        }
+    }
 }
 
 /// Rows per unit for `rows × k` on `nt` threads: whole row-tile pairs, at most
@@ -246,16 +407,61 @@ fn unit_rows(rows: usize, k: usize, nt: usize, panel_bytes: usize) -> usize {
     (ppu * 2 * TILE).min(rows.next_multiple_of(TILE))
 }
 
+/// Unpacks the unit's `nrt` row tiles from row `r0` into `panel` (`[nrt][k / 32][16][32]`
+/// bf16); `row` is `[k]` f32 scratch.
+fn unpack_unit(
+    w: &Weights<'_>,
+    r0: usize,
+    nrt: usize,
+    panel: &mut [u16],
+    row: &mut [f32],
+) -> Result<(), KernelError> {
+    let k = row.len();
+    let nks = k / KSTEP;
+    match w {
+        Weights::File(w) => {
+            let rb = w.row_bytes();
+            for r in 0..nrt * TILE {
+                let src = &w.bytes[(r0 + r) * rb..(r0 + r + 1) * rb];
+                if !unpack::dequant_fast(w.dtype, src, row) {
+                    dequantize_row(w.dtype, src, row).map_err(dequant_err)?;
+                }
+                let at = r / TILE * nks * TILE_ELEMS + (r % TILE) * KSTEP;
+                micro::to_bf16_strided(row, &mut panel[at..], TILE_ELEMS);
+            }
+        }
+        Weights::Packed(m) => {
+            let sz = m.sub_cols();
+            EXPANDED.with_borrow_mut(|slot| {
+                let p = match slot {
+                    Some(p) if p.fits(k, sz) => p,
+                    _ => slot.insert(Panel::new(k, sz)),
+                };
+                for pl in 0..nrt / 2 {
+                    m.expand(r0 / ROWS + pl, p);
+                    let tiles = 2 * pl * nks * TILE_ELEMS;
+                    panel_to_bf16(p, sz, k, &mut panel[tiles..tiles + 2 * nks * TILE_ELEMS]);
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `out = x · Wᵀ` on AMX tiles (or their emulation): see the module docs.
 pub(super) fn gemm_tiles(
     step: Step,
-    w: WeightRef<'_>,
+    w: Weights<'_>,
     x: &PackedActs,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
     debug_assert_eq!(x.layout, ActLayout::Pairs);
-    let (rows, k) = (w.rows, w.cols);
+    let (rows, k) = w.shape();
+    if let Weights::Packed(_) = w {
+        // Units are whole 32-row panels.
+        debug_assert!(rows.is_multiple_of(ROWS));
+    }
     let nks = k / KSTEP;
     let n_tp = x.n_tile_pairs();
     if n_tp == 0 {
@@ -271,7 +477,6 @@ pub(super) fn gemm_tiles(
     let next = AtomicUsize::new(0);
     let first_err: std::sync::Mutex<Option<KernelError>> = std::sync::Mutex::new(None);
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let rb_bytes = w.row_bytes();
     let work = |t: usize, _nt: usize| {
         if t >= nt {
             return; // threads beyond DAMASCUS_AMX_THREADS
@@ -290,19 +495,12 @@ pub(super) fn gemm_tiles(
                 let (rb, tcx) = (u / tc, u % tc);
                 let r0 = rb * mc;
                 let nrt = (rows - r0).min(mc) / TILE; // row tiles of this unit
-                for r in 0..nrt * TILE {
-                    let src = &w.bytes[(r0 + r) * rb_bytes..(r0 + r + 1) * rb_bytes];
-                    if !unpack::dequant_fast(w.dtype, src, row)
-                        && let Err(e) = dequantize_row(w.dtype, src, row)
-                    {
-                        first_err
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(dequant_err(e));
-                        return;
-                    }
-                    let at = r / TILE * nks * TILE_ELEMS + (r % TILE) * KSTEP;
-                    micro::to_bf16_strided(row, &mut panel[at..], TILE_ELEMS);
+                if let Err(e) = unpack_unit(&w, r0, nrt, panel, row) {
+                    first_err
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                    return;
                 }
                 for tp in split_range(n_tp, 1, tcx, tc) {
                     for rp in 0..nrt.div_ceil(2) {
@@ -353,8 +551,9 @@ pub(super) fn gemm_tiles(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::int8::tests::{TYPES, cols_for};
     use crate::gemm::tests::{quantized, rand_vec};
-    use crate::gemm::{GgmlType, gemm_ref};
+    use crate::gemm::{GemmPath, GgmlType, gemm_ref};
 
     fn check(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Option<&ThreadPool>) {
         let bytes = quantized(dtype, rows, k, (rows * 17 + k) as u64);
@@ -370,7 +569,7 @@ mod tests {
         let mut want = vec![0f32; n_tokens * rows];
         gemm_ref(w, &xr, &mut want).unwrap();
         let mut got = vec![f32::NAN; n_tokens * rows];
-        gemm_tiles(Step::Emulated, w, &xp, &mut got, pool).unwrap();
+        gemm_tiles(Step::Emulated, Weights::File(w), &xp, &mut got, pool).unwrap();
         let scale = (k as f32).sqrt();
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -394,6 +593,132 @@ mod tests {
         check(GgmlType::Q4_K, 16 * 11, 768, 65, Some(&pool));
         check(GgmlType::Q6_K, 16, 256, 100, Some(&pool)); // one row block, tokens split
         check(GgmlType::Q5_0, 16 * 9, 64, 33, Some(&pool));
+    }
+
+    /// The driver on a repacked matrix against the reference on the same file blocks.
+    fn check_packed(
+        dtype: GgmlType,
+        rows: usize,
+        k: usize,
+        n_tokens: usize,
+        pool: Option<&ThreadPool>,
+    ) {
+        let bytes = quantized(dtype, rows, k, (rows * 31 + k) as u64);
+        let w = WeightRef {
+            dtype,
+            bytes: &bytes,
+            rows,
+            cols: k,
+        };
+        let m = PackedMatrix::pack(w, pool).unwrap();
+        let xs = rand_vec(n_tokens * k, 5 + n_tokens as u64);
+        let xr = PackedActs::new(&xs, n_tokens, k).unwrap();
+        let xp = PackedActs::with_layout(ActLayout::Pairs, &xs, n_tokens, k, pool).unwrap();
+        let mut want = vec![0f32; n_tokens * rows];
+        gemm_ref(w, &xr, &mut want).unwrap();
+        let mut got = vec![f32::NAN; n_tokens * rows];
+        gemm_tiles(Step::Emulated, Weights::Packed(&m), &xp, &mut got, pool).unwrap();
+        let mut runs = vec![("emulated", got)];
+        if GemmPath::Amx.is_available() {
+            let mut got = vec![f32::NAN; n_tokens * rows];
+            m.gemm_amx(&xp, &mut got, pool).unwrap();
+            runs.push(("tiles", got));
+        }
+        let scale = (k as f32).sqrt();
+        for (how, got) in runs {
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
+                    "packed {how} {dtype:?} rows={rows} k={k} T={n_tokens} at [{}, {}]: \
+                     {g} vs {e}",
+                    i / rows,
+                    i % rows
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn emulated_driver_on_repacked_weights_matches_reference() {
+        for dtype in TYPES {
+            for k in cols_for(dtype) {
+                for &t in &[1, 3, 7, 33] {
+                    check_packed(dtype, 64, k, t, None);
+                }
+            }
+        }
+        check_packed(GgmlType::Q4_K, 32, 256, 17, None); // one panel: one row-tile pair
+        let pool = ThreadPool::new(3);
+        check_packed(GgmlType::Q4_K, 32 * 7, 768, 65, Some(&pool));
+        check_packed(GgmlType::Q6_K, 32, 256, 100, Some(&pool)); // one row block, tokens split
+        check_packed(GgmlType::Q5_0, 32 * 5, 32, 47, Some(&pool));
+        // Shape errors are errors.
+        let bytes = quantized(GgmlType::Q4_K, 32, 256, 1);
+        let w = WeightRef {
+            dtype: GgmlType::Q4_K,
+            bytes: &bytes,
+            rows: 32,
+            cols: 256,
+        };
+        let m = PackedMatrix::pack(w, None).unwrap();
+        let xs = rand_vec(3 * 512, 2);
+        let x = PackedActs::with_layout(ActLayout::Pairs, &xs, 3, 512, None).unwrap();
+        assert!(m.check_amx(&x, &[0.0; 96]).is_err());
+        assert!(m.gemm_amx(&x, &mut [0.0; 96], None).is_err());
+    }
+
+    #[test]
+    fn panel_to_bf16_matches_its_scalar_twin_bit_for_bit() {
+        for dtype in TYPES {
+            for k in cols_for(dtype) {
+                let bytes = quantized(dtype, 64, k, k as u64 + 11);
+                let w = WeightRef {
+                    dtype,
+                    bytes: &bytes,
+                    rows: 64,
+                    cols: k,
+                };
+                let m = PackedMatrix::pack(w, None).unwrap();
+                let sz = m.sub_cols();
+                let mut p = Panel::new(k, sz);
+                for panel in 0..2 {
+                    m.expand(panel, &mut p);
+                    let mut want = vec![0u16; 2 * k * TILE];
+                    panel_to_bf16_scalar(&p, sz, k, &mut want);
+                    let mut got = vec![0xFFFFu16; 2 * k * TILE];
+                    panel_to_bf16(&p, sz, k, &mut got);
+                    assert_eq!(got, want, "{dtype:?} k={k} panel {panel}");
+                    let f = crate::cpu::CpuFeatures::allowed();
+                    if f.avx512bw {
+                        let mut v = vec![0xFFFFu16; 2 * k * TILE];
+                        // SAFETY: AVX-512F/BW present; sizes as `panel_to_bf16` asserts.
+                        unsafe { panel_to_bf16_avx512(&p, sz, k, &mut v) };
+                        assert_eq!(v, want, "avx512 {dtype:?} k={k} panel {panel}");
+                    }
+                    if f.avx512bw && f.avx512bf16 {
+                        let mut v = vec![0xFFFFu16; 2 * k * TILE];
+                        // SAFETY: as above, and AVX512-BF16 present.
+                        unsafe { panel_to_bf16_avx512bf16(&p, sz, k, &mut v) };
+                        assert_eq!(v, want, "avx512bf16 {dtype:?} k={k} panel {panel}");
+                    }
+                    // And the values are the packed matrix's rows.
+                    let mut row = vec![0f32; k];
+                    for r in [0, 15, 16, 31] {
+                        m.dequant_row(panel * ROWS + r, &mut row).unwrap();
+                        for (c, &v) in row.iter().enumerate() {
+                            let at = (r / TILE * (k / KSTEP) + c / KSTEP) * TILE_ELEMS
+                                + r % TILE * KSTEP
+                                + c % KSTEP;
+                            let g = crate::gemm::bf16_to_f32(got[at]);
+                            assert!(
+                                (g - v).abs() <= v.abs() / 128.0 + 1e-6,
+                                "{dtype:?} k={k} row {r} col {c}: {g} vs {v}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -379,6 +379,11 @@ impl Panel {
         }
     }
 
+    /// Whether this panel has the sizes of [`Panel::new`]`(k, sz)`.
+    pub(super) fn fits(&self, k: usize, sz: usize) -> bool {
+        self.q.len() == k / 4 * ROWS && self.s.len() == k / sz * ROWS && self.row_q.len() == k
+    }
+
     pub(super) fn fill(&mut self, w: &WeightRef<'_>, r0: usize) {
         let rb = w.row_bytes();
         for r in 0..ROWS {

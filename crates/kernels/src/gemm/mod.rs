@@ -520,7 +520,7 @@ pub fn gemm(
     }
     #[cfg(target_arch = "x86_64")]
     if path == GemmPath::Amx {
-        return amx::gemm_tiles(amx::Step::Tiles, w, x, out, pool);
+        return amx::gemm_tiles(amx::Step::Tiles, amx::Weights::File(w), x, out, pool);
     }
     let nt = pool.map_or(1, |p| p.n_threads());
     let n_rb = w.rows.div_ceil(MC);

@@ -531,8 +531,136 @@ impl PackedMatrix {
         Ok(())
     }
 
-    /// Expands panel `p` into the int8 GEMM's panel (`[k / 4][32][4]` u8, `[k / S][32]` f32).
-    fn expand(&self, p: usize, dst: &mut Panel) {
+    /// Columns per sub-block (one scale): `S` of the expanded panel.
+    pub(super) fn sub_cols(&self) -> usize {
+        sub_cols(self.scales.id())
+    }
+
+    /// Expands panel `p` into the int8 GEMM's panel (`[k / 4][32][4]` u8, `[k / S][32]` f32):
+    /// with AVX-512BW two vector `and`/shifts per record (the high bits through a byte mask
+    /// or a variable shift) and the scales sixteen rows per multiply; else
+    /// [`PackedMatrix::expand_scalar`], its twin (the same values bit for bit).
+    pub(super) fn expand(&self, p: usize, dst: &mut Panel) {
+        let (k, sz) = (self.cols, sub_cols(self.scales.id()));
+        assert!(
+            p < self.rows / ROWS
+                && dst.q.len() >= k / 4 * ROWS
+                && dst.s.len() >= k / sz * ROWS
+                && dst.m.len() >= k / sz * ROWS
+        );
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::CpuFeatures::allowed().avx512bw {
+            // SAFETY: AVX-512F/BW are present (BW implies F here); sizes asserted above.
+            return unsafe { self.expand_avx512(p, dst) };
+        }
+        self.expand_scalar(p, dst)
+    }
+
+    /// [`PackedMatrix::expand`] on AVX-512BW.
+    ///
+    /// # Safety
+    /// AVX-512F/BW are available; `p` and `dst` as asserted by [`PackedMatrix::expand`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn expand_avx512(&self, p: usize, dst: &mut Panel) {
+        use std::arch::x86_64::*;
+        let (q, s) = (self.quants.id(), self.scales.id());
+        let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
+        let nsub = cc / sz;
+        let panel = self.panel(p);
+        let nib = _mm512_set1_epi8(0x0F);
+        let bit4 = _mm512_set1_epi8(0x10);
+        let two = _mm512_set1_epi8(3);
+        // Per 256-bit half: the 2-bit plane's shift for values 0..63 (0, 2) and 64..127 (4, 6).
+        let lo_shift = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
+        let hi_shift = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let (sp, mp) = (dst.s.as_mut_ptr(), dst.m.as_mut_ptr());
+        let dq = dst.q.as_mut_ptr().cast::<u8>();
+        for c in 0..self.cols / cc {
+            let cp = panel[c * cb..(c + 1) * cb].as_ptr();
+            // SAFETY (all loads and stores below): the chunk holds `cb` bytes laid out as in
+            // the module docs (heads, sub-block scales and records at the offsets used);
+            // `dst` holds `k / 4 · 32` quads and `k / sz · 32` scales (asserted by `expand`).
+            unsafe {
+                let f16x16 = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(cp.add(at).cast()));
+                let d = [f16x16(0), f16x16(32)];
+                let d2 = if s == S_K4 || s == S_DM {
+                    [f16x16(64), f16x16(96)]
+                } else {
+                    d
+                };
+                for j in 0..nsub {
+                    let so = sub_at(q, s, j);
+                    let u8x16 = |at: usize| {
+                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(at).cast())))
+                    };
+                    let o = (c * nsub + j) * ROWS;
+                    for h in 0..2 {
+                        let (sv, mv) = match s {
+                            S_K4 => (
+                                _mm512_mul_ps(d[h], u8x16(so + 16 * h)),
+                                _mm512_mul_ps(d2[h], u8x16(so + 32 + 16 * h)),
+                            ),
+                            S_K6 => {
+                                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                    cp.add(so + 16 * h).cast(),
+                                )));
+                                let v = _mm512_mul_ps(d[h], sc);
+                                (v, _mm512_mul_ps(_mm512_set1_ps(32.0), v))
+                            }
+                            S_D => (d[h], _mm512_mul_ps(_mm512_set1_ps(self.mmul), d[h])),
+                            _ => (
+                                d[h],
+                                _mm512_castsi512_ps(_mm512_xor_si512(
+                                    _mm512_castps_si512(d2[h]),
+                                    sign,
+                                )),
+                            ),
+                        };
+                        _mm512_storeu_ps(sp.add(o + 16 * h), sv);
+                        _mm512_storeu_ps(mp.add(o + 16 * h), mv);
+                    }
+                }
+                for kq in 0..cc / 4 {
+                    let rec = cp.add(rec_at(q, s, 4 * kq));
+                    let out = dq.add((c * cc / 4 + kq) * 128);
+                    let v = _mm512_loadu_si512(rec.cast());
+                    if q == Q_BYTE {
+                        _mm512_storeu_si512(out.cast(), v);
+                        _mm512_storeu_si512(
+                            out.add(64).cast(),
+                            _mm512_loadu_si512(rec.add(64).cast()),
+                        );
+                        continue;
+                    }
+                    let mut lo = _mm512_and_si512(v, nib);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                    if q == Q_NIB1 {
+                        let mlo = rec.add(64).cast::<u64>().read_unaligned();
+                        let mhi = rec.add(72).cast::<u64>().read_unaligned();
+                        lo = _mm512_mask_add_epi8(lo, mlo, lo, bit4);
+                        hi = _mm512_mask_add_epi8(hi, mhi, hi, bit4);
+                    } else if q == Q_NIB2 {
+                        let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(rec.add(64).cast()));
+                        let bits = |sh: __m512i| {
+                            _mm512_slli_epi16::<4>(_mm512_and_si512(
+                                _mm512_srlv_epi16(plane, sh),
+                                two,
+                            ))
+                        };
+                        lo = _mm512_or_si512(lo, bits(lo_shift));
+                        hi = _mm512_or_si512(hi, bits(hi_shift));
+                    }
+                    _mm512_storeu_si512(out.cast(), lo);
+                    _mm512_storeu_si512(out.add(64).cast(), hi);
+                }
+            }
+        }
+    }
+
+    /// Scalar twin of [`PackedMatrix::expand`].
+    pub(super) fn expand_scalar(&self, p: usize, dst: &mut Panel) {
         let (q, s) = (self.quants.id(), self.scales.id());
         let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
         let rbq = rec_bytes(q);
@@ -574,6 +702,54 @@ impl PackedMatrix {
         gemm_panels(path, self.rows, self.cols, sz, x, out, pool, &|p, r0| {
             self.expand(r0 / ROWS, p)
         });
+        Ok(())
+    }
+
+    /// `out = x · Wᵀ` (`out` `[n_tokens, rows]`) for a prompt on AMX-BF16 tiles
+    /// ([`super::GemmPath::Amx`], activations packed for it as [`super::ActLayout::Pairs`]):
+    /// the AMX driver's units expand each 32-row panel and round it to bf16 row tiles, so
+    /// AMX hosts keep one copy of the weights, the repacked one, for prompts and decode.
+    pub fn gemm_amx(
+        &self,
+        x: &super::PackedActs,
+        out: &mut [f32],
+        pool: Option<&ThreadPool>,
+    ) -> Result<(), KernelError> {
+        use super::GemmPath;
+        if !GemmPath::Amx.is_available() || x.layout != GemmPath::Amx.act_layout() {
+            return Err(KernelError::BadShape(format!(
+                "packed amx gemm: AMX unavailable or activations packed as {:?}",
+                x.layout
+            )));
+        }
+        self.check_amx(x, out)?;
+        #[cfg(target_arch = "x86_64")]
+        return super::amx::gemm_tiles(
+            super::amx::Step::Tiles,
+            super::amx::Weights::Packed(self),
+            x,
+            out,
+            pool,
+        );
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = pool;
+            unreachable!("AMX is x86-64 only")
+        }
+    }
+
+    /// Shape checks of [`PackedMatrix::gemm_amx`].
+    pub(super) fn check_amx(&self, x: &super::PackedActs, out: &[f32]) -> Result<(), KernelError> {
+        if x.k != self.cols || out.len() != x.n_tokens * self.rows {
+            return Err(KernelError::BadShape(format!(
+                "packed amx gemm: [{}, {}] activations, [{}, {}] weights, {} outputs",
+                x.n_tokens,
+                x.k,
+                self.rows,
+                self.cols,
+                out.len()
+            )));
+        }
         Ok(())
     }
 
@@ -1307,8 +1483,17 @@ mod tests {
                 }
                 let mut panel = Panel::new(cols, sub_cols(p.scales.id()));
                 let mut want = Panel::new(cols, sub_cols(p.scales.id()));
+                let mut twin = Panel::new(cols, sub_cols(p.scales.id()));
                 p.expand(1, &mut panel);
+                p.expand_scalar(1, &mut twin);
                 want.fill(&w, 32);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    panel.q == twin.q
+                        && bits(&panel.s) == bits(&twin.s)
+                        && bits(&panel.m) == bits(&twin.m),
+                    "{dtype:?}: expand differs from its scalar twin"
+                );
                 assert!(
                     panel.q == want.q && panel.s == want.s && panel.m == want.m,
                     "{dtype:?}: expanded panel differs from the file's unpack"

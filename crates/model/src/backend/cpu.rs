@@ -1,9 +1,11 @@
-//! The fast CPU backend. Where the int8 kernels run (AVX-512 VNNI, or AVX2, on CPUs without
-//! AMX) every weight they take is
+//! The fast CPU backend. Where the int8 kernels run (AVX-512 VNNI, or AVX2; on AMX CPUs, with
+//! `DAMASCUS_REPACK=1`, the VNNI decode kernels) every weight they take is
 //! **repacked at load** into [`PackedMatrix`] panels (32 rows interleaved, scales pre-unpacked;
 //! read from the file with `pread`, so the mapping's pages are not kept resident as well), and
-//! every matmul and embedding lookup reads that copy: prompts through its GEMM, decode through
-//! its GEMV (rows split by 32-row panels). Elsewhere, or with `DAMASCUS_REPACK=0` /
+//! every matmul and embedding lookup reads that copy: prompts through its int8 GEMM (on AMX
+//! CPUs its AMX-BF16 GEMM, each unit's panels rounded to bf16 tiles; opt-in there until it is
+//! measured against the file-layout unpack on an AMX host), decode through its GEMV
+//! (rows split by 32-row panels). Elsewhere, or with `DAMASCUS_REPACK=0` /
 //! [`CpuBackend::with_repack`], weights stay in the memory mapping, activations are quantized
 //! once per matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the
 //! SIMD dot products of [`damascus_kernels::quantdot`] (ISA chosen once at run time). Work is
@@ -73,8 +75,12 @@ pub struct CpuBackend {
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
-    /// Weights the int8 path can take are repacked at load ([`PackedMatrix`]) and the mapping
-    /// is no longer read for them (wherever an int8 path runs: VNNI, or AVX2 without AMX);
+    /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs with
+    /// `DAMASCUS_REPACK=1` (prompts on AMX tiles from the packed panels) the VNNI path for
+    /// decode.
+    packed_path: Option<gemm::int8::Int8Path>,
+    /// Weights the packed kernels can take are repacked at load ([`PackedMatrix`]) and the
+    /// mapping is no longer read for them (wherever `packed_path` is set);
     /// `DAMASCUS_REPACK=0` or
     /// [`CpuBackend::with_repack`] keeps every weight in the mapping.
     repack: bool,
@@ -122,8 +128,18 @@ impl CpuBackend {
         .filter(|p| p.is_available());
         let attn_amx = gemm == Some(GemmPath::Amx)
             && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
-        let repack =
-            int8.is_some() && !std::env::var("DAMASCUS_REPACK").is_ok_and(|v| v.trim() == "0");
+        let repack_env = std::env::var("DAMASCUS_REPACK").ok();
+        let repack_env = repack_env.as_deref().map(str::trim);
+        // AMX CPUs repack only on request (`DAMASCUS_REPACK=1`) until the AMX GEMM on packed
+        // panels has been measured against the file-layout unpack there.
+        let packed_path = int8.or_else(|| {
+            (repack_env == Some("1")
+                && gemm == Some(GemmPath::Amx)
+                && matches!(kern.isa(), Isa::Vnni | Isa::Amx))
+            .then_some(gemm::int8::Int8Path::Vnni)
+            .filter(|p| p.is_available())
+        });
+        let repack = packed_path.is_some() && repack_env != Some("0");
         CpuBackend {
             pool: ThreadPool::new(n),
             kern,
@@ -132,6 +148,7 @@ impl CpuBackend {
             attn_amx,
             prof: OpProfile::from_env(),
             gemm_bufs: Mutex::new((None, None)),
+            packed_path,
             repack,
             repacked: Mutex::new((0, 0, 0.0)),
         }
@@ -146,7 +163,8 @@ impl CpuBackend {
     }
 
     /// With `on == false`, weights stay in the file's layout (see [`PackedMatrix`]); call before
-    /// the model is loaded. Repacking also needs an int8 path and no `DAMASCUS_REPACK=0`.
+    /// the model is loaded. Repacking also needs a packed path (an int8 path, or an AMX CPU
+    /// with `DAMASCUS_REPACK=1`) and no `DAMASCUS_REPACK=0`.
     pub fn with_repack(mut self, on: bool) -> CpuBackend {
         self.repack &= on;
         self
@@ -698,8 +716,9 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
-    /// [`CpuBackend::matmuls`] on repacked matrices: `x` quantized once for the int8 kernels;
-    /// prompts through [`PackedMatrix::gemm`], decode (and short inputs) split by 32-row panels
+    /// [`CpuBackend::matmuls`] on repacked matrices: `x` quantized (or, for AMX, packed as
+    /// bf16) once; prompts through [`PackedMatrix::gemm`] ([`PackedMatrix::gemm_amx`] on AMX
+    /// CPUs), decode (and short inputs) split by 32-row panels
     /// over the threads in one fork/join for every matrix, gate/up with the SwiGLU in the same
     /// pass.
     fn packed_matmuls(
@@ -710,8 +729,8 @@ impl CpuBackend {
         swiglu: bool,
     ) -> Result<(), ModelError> {
         let n = x.n_tokens;
-        let Some(path) = self.int8 else {
-            unreachable!("matrices are repacked only with an int8 path")
+        let Some(path) = self.packed_path else {
+            unreachable!("matrices are repacked only with a packed path")
         };
         fn packed(w: &CpuMatrix) -> &PackedMatrix {
             w.packed
@@ -719,6 +738,34 @@ impl CpuBackend {
                 .unwrap_or_else(|| unreachable!("checked by the caller"))
         }
         let pool = Some(&self.pool);
+        if n >= GEMM_MIN_TOKENS && self.gemm == Some(GemmPath::Amx) {
+            let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
+            let r = self.timed(
+                || "bf16 acts (pack)".into(),
+                || match &mut bufs.0 {
+                    Some(p) => p.repack(&x.data, n, x.width, pool),
+                    slot @ None => PackedActs::for_path(GemmPath::Amx, &x.data, n, x.width, pool)
+                        .map(|p| *slot = Some(p)),
+                },
+            );
+            r.map_err(|e| kernel_err("gemm input", e))?;
+            let Some(xp) = &bufs.0 else {
+                unreachable!("packed above")
+            };
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                let key = || {
+                    let class = weight_class(w.tensor.name());
+                    format!("gemm {class} {:?} packed amx", w.dtype)
+                };
+                self.timed(key, || packed(w).gemm_amx(xp, &mut o.data, pool))
+                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+            }
+            drop(bufs);
+            if swiglu {
+                self.swiglu_rows(outs);
+            }
+            return Ok(());
+        }
         if n >= GEMM_MIN_TOKENS && self.gemm.is_some() {
             let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
             let r = self.timed(
@@ -1050,9 +1097,12 @@ impl Backend for CpuBackend {
 
     fn load_note(&self) -> Option<String> {
         let g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
-        let path = self.int8.map_or("", |p| p.name());
+        let path = match (self.gemm, self.packed_path) {
+            (Some(GemmPath::Amx), Some(p)) => format!("amx prompts + {} decode", p.name()),
+            (_, p) => p.map_or("", |p| p.name()).to_string(),
+        };
         match *g {
-            (0, _, _) if self.int8.is_some() && !self.repack => {
+            (0, _, _) if self.packed_path.is_some() && !self.repack => {
                 Some("weights kept in the file layout (repacking off)".into())
             }
             (0, _, _) => None,
@@ -1084,7 +1134,7 @@ impl Backend for CpuBackend {
             rows: wv.rows,
             cols: wv.cols,
         };
-        let packed = match self.int8 {
+        let packed = match self.packed_path {
             Some(path)
                 if self.repack
                     && path.supports(wv.dtype)
