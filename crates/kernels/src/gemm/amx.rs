@@ -556,6 +556,30 @@ mod tests {
     use crate::gemm::{GemmPath, GgmlType, gemm_ref};
 
     fn check(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Option<&ThreadPool>) {
+        check_on(false, dtype, rows, k, n_tokens, pool);
+    }
+
+    /// The driver on a repacked matrix against the reference on the same file blocks.
+    fn check_packed(
+        dtype: GgmlType,
+        rows: usize,
+        k: usize,
+        n_tokens: usize,
+        pool: Option<&ThreadPool>,
+    ) {
+        check_on(true, dtype, rows, k, n_tokens, pool);
+    }
+
+    /// The emulated driver (and, where AMX exists, the tiles) on the file's blocks or on the
+    /// repacked matrix, against `gemm_ref` on the file's blocks.
+    fn check_on(
+        packed: bool,
+        dtype: GgmlType,
+        rows: usize,
+        k: usize,
+        n_tokens: usize,
+        pool: Option<&ThreadPool>,
+    ) {
         let bytes = quantized(dtype, rows, k, (rows * 17 + k) as u64);
         let w = WeightRef {
             dtype,
@@ -563,21 +587,35 @@ mod tests {
             rows,
             cols: k,
         };
+        let m = packed.then(|| PackedMatrix::pack(w, pool).unwrap());
+        let src = m.as_ref().map_or(Weights::File(w), Weights::Packed);
         let xs = rand_vec(n_tokens * k, 3 + n_tokens as u64);
         let xr = PackedActs::new(&xs, n_tokens, k).unwrap();
         let xp = PackedActs::with_layout(ActLayout::Pairs, &xs, n_tokens, k, pool).unwrap();
         let mut want = vec![0f32; n_tokens * rows];
         gemm_ref(w, &xr, &mut want).unwrap();
         let mut got = vec![f32::NAN; n_tokens * rows];
-        gemm_tiles(Step::Emulated, Weights::File(w), &xp, &mut got, pool).unwrap();
+        gemm_tiles(Step::Emulated, src, &xp, &mut got, pool).unwrap();
+        let mut runs = vec![("emulated", got)];
+        if GemmPath::Amx.is_available() {
+            let mut got = vec![f32::NAN; n_tokens * rows];
+            match &m {
+                Some(m) => m.gemm_amx(&xp, &mut got, pool).unwrap(),
+                None => gemm_tiles(Step::Tiles, src, &xp, &mut got, pool).unwrap(),
+            }
+            runs.push(("tiles", got));
+        }
         let scale = (k as f32).sqrt();
-        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
-                "{dtype:?} rows={rows} k={k} T={n_tokens} at [{}, {}]: {g} vs {e}",
-                i / rows,
-                i % rows
-            );
+        for (how, got) in runs {
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
+                    "{how} packed={packed} {dtype:?} rows={rows} k={k} T={n_tokens} at \
+                     [{}, {}]: {g} vs {e}",
+                    i / rows,
+                    i % rows
+                );
+            }
         }
     }
 
@@ -593,49 +631,6 @@ mod tests {
         check(GgmlType::Q4_K, 16 * 11, 768, 65, Some(&pool));
         check(GgmlType::Q6_K, 16, 256, 100, Some(&pool)); // one row block, tokens split
         check(GgmlType::Q5_0, 16 * 9, 64, 33, Some(&pool));
-    }
-
-    /// The driver on a repacked matrix against the reference on the same file blocks.
-    fn check_packed(
-        dtype: GgmlType,
-        rows: usize,
-        k: usize,
-        n_tokens: usize,
-        pool: Option<&ThreadPool>,
-    ) {
-        let bytes = quantized(dtype, rows, k, (rows * 31 + k) as u64);
-        let w = WeightRef {
-            dtype,
-            bytes: &bytes,
-            rows,
-            cols: k,
-        };
-        let m = PackedMatrix::pack(w, pool).unwrap();
-        let xs = rand_vec(n_tokens * k, 5 + n_tokens as u64);
-        let xr = PackedActs::new(&xs, n_tokens, k).unwrap();
-        let xp = PackedActs::with_layout(ActLayout::Pairs, &xs, n_tokens, k, pool).unwrap();
-        let mut want = vec![0f32; n_tokens * rows];
-        gemm_ref(w, &xr, &mut want).unwrap();
-        let mut got = vec![f32::NAN; n_tokens * rows];
-        gemm_tiles(Step::Emulated, Weights::Packed(&m), &xp, &mut got, pool).unwrap();
-        let mut runs = vec![("emulated", got)];
-        if GemmPath::Amx.is_available() {
-            let mut got = vec![f32::NAN; n_tokens * rows];
-            m.gemm_amx(&xp, &mut got, pool).unwrap();
-            runs.push(("tiles", got));
-        }
-        let scale = (k as f32).sqrt();
-        for (how, got) in runs {
-            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - e).abs() <= 2e-5 * scale * (1.0 + e.abs()),
-                    "packed {how} {dtype:?} rows={rows} k={k} T={n_tokens} at [{}, {}]: \
-                     {g} vs {e}",
-                    i / rows,
-                    i % rows
-                );
-            }
-        }
     }
 
     #[test]
