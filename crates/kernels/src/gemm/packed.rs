@@ -181,6 +181,24 @@ fn format(dtype: GgmlType) -> Option<(Quants, Scales, f32)> {
     })
 }
 
+/// `$go!(Q, S)` with the const format ids of `($quants, $scales)` (the pairs [`format`]
+/// makes), for the kernels generic over the format.
+macro_rules! with_format {
+    ($quants:expr, $scales:expr, $go:ident) => {
+        match ($quants, $scales) {
+            (Quants::Nib, Scales::K4) => $go!(Q_NIB, S_K4),
+            (Quants::Nib1, Scales::K4) => $go!(Q_NIB1, S_K4),
+            (Quants::Nib2, Scales::K6) => $go!(Q_NIB2, S_K6),
+            (Quants::Byte, Scales::D) => $go!(Q_BYTE, S_D),
+            (Quants::Nib, Scales::D) => $go!(Q_NIB, S_D),
+            (Quants::Nib1, Scales::D) => $go!(Q_NIB1, S_D),
+            (Quants::Nib, Scales::Dm) => $go!(Q_NIB, S_DM),
+            (Quants::Nib1, Scales::Dm) => $go!(Q_NIB1, S_DM),
+            _ => unreachable!("format() pairs"),
+        }
+    };
+}
+
 /// Whether `dtype` has a packed layout.
 pub fn can_pack(dtype: GgmlType) -> bool {
     format(dtype).is_some()
@@ -550,113 +568,17 @@ impl PackedMatrix {
         );
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::CpuFeatures::allowed().avx512bw {
-            // SAFETY: AVX-512F/BW are present (BW implies F here); sizes asserted above.
-            return unsafe { self.expand_avx512(p, dst) };
+            let panel = self.panel(p);
+            macro_rules! go {
+                ($q:ident, $s:ident) => {
+                    // SAFETY: AVX-512F/BW are present (BW implies F here); `panel` is a whole
+                    // panel of this format, `dst` as asserted above.
+                    unsafe { vnni::expand::<$q, $s>(panel, self.cols, self.mmul, dst) }
+                };
+            }
+            return with_format!(self.quants, self.scales, go);
         }
         self.expand_scalar(p, dst)
-    }
-
-    /// [`PackedMatrix::expand`] on AVX-512BW.
-    ///
-    /// # Safety
-    /// AVX-512F/BW are available; `p` and `dst` as asserted by [`PackedMatrix::expand`].
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn expand_avx512(&self, p: usize, dst: &mut Panel) {
-        use std::arch::x86_64::*;
-        let (q, s) = (self.quants.id(), self.scales.id());
-        let (cc, cb, sz) = (chunk_cols(s), chunk_bytes(q, s), sub_cols(s));
-        let nsub = cc / sz;
-        let panel = self.panel(p);
-        let nib = _mm512_set1_epi8(0x0F);
-        let bit4 = _mm512_set1_epi8(0x10);
-        let two = _mm512_set1_epi8(3);
-        // Per 256-bit half: the 2-bit plane's shift for values 0..63 (0, 2) and 64..127 (4, 6).
-        let lo_shift = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
-        let hi_shift = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
-        let sign = _mm512_set1_epi32(i32::MIN);
-        let (sp, mp) = (dst.s.as_mut_ptr(), dst.m.as_mut_ptr());
-        let dq = dst.q.as_mut_ptr().cast::<u8>();
-        for c in 0..self.cols / cc {
-            let cp = panel[c * cb..(c + 1) * cb].as_ptr();
-            // SAFETY (all loads and stores below): the chunk holds `cb` bytes laid out as in
-            // the module docs (heads, sub-block scales and records at the offsets used);
-            // `dst` holds `k / 4 · 32` quads and `k / sz · 32` scales (asserted by `expand`).
-            unsafe {
-                let f16x16 = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(cp.add(at).cast()));
-                let d = [f16x16(0), f16x16(32)];
-                let d2 = if s == S_K4 || s == S_DM {
-                    [f16x16(64), f16x16(96)]
-                } else {
-                    d
-                };
-                for j in 0..nsub {
-                    let so = sub_at(q, s, j);
-                    let u8x16 = |at: usize| {
-                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(at).cast())))
-                    };
-                    let o = (c * nsub + j) * ROWS;
-                    for h in 0..2 {
-                        let (sv, mv) = match s {
-                            S_K4 => (
-                                _mm512_mul_ps(d[h], u8x16(so + 16 * h)),
-                                _mm512_mul_ps(d2[h], u8x16(so + 32 + 16 * h)),
-                            ),
-                            S_K6 => {
-                                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                    cp.add(so + 16 * h).cast(),
-                                )));
-                                let v = _mm512_mul_ps(d[h], sc);
-                                (v, _mm512_mul_ps(_mm512_set1_ps(32.0), v))
-                            }
-                            S_D => (d[h], _mm512_mul_ps(_mm512_set1_ps(self.mmul), d[h])),
-                            _ => (
-                                d[h],
-                                _mm512_castsi512_ps(_mm512_xor_si512(
-                                    _mm512_castps_si512(d2[h]),
-                                    sign,
-                                )),
-                            ),
-                        };
-                        _mm512_storeu_ps(sp.add(o + 16 * h), sv);
-                        _mm512_storeu_ps(mp.add(o + 16 * h), mv);
-                    }
-                }
-                for kq in 0..cc / 4 {
-                    let rec = cp.add(rec_at(q, s, 4 * kq));
-                    let out = dq.add((c * cc / 4 + kq) * 128);
-                    let v = _mm512_loadu_si512(rec.cast());
-                    if q == Q_BYTE {
-                        _mm512_storeu_si512(out.cast(), v);
-                        _mm512_storeu_si512(
-                            out.add(64).cast(),
-                            _mm512_loadu_si512(rec.add(64).cast()),
-                        );
-                        continue;
-                    }
-                    let mut lo = _mm512_and_si512(v, nib);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
-                    if q == Q_NIB1 {
-                        let mlo = rec.add(64).cast::<u64>().read_unaligned();
-                        let mhi = rec.add(72).cast::<u64>().read_unaligned();
-                        lo = _mm512_mask_add_epi8(lo, mlo, lo, bit4);
-                        hi = _mm512_mask_add_epi8(hi, mhi, hi, bit4);
-                    } else if q == Q_NIB2 {
-                        let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(rec.add(64).cast()));
-                        let bits = |sh: __m512i| {
-                            _mm512_slli_epi16::<4>(_mm512_and_si512(
-                                _mm512_srlv_epi16(plane, sh),
-                                two,
-                            ))
-                        };
-                        lo = _mm512_or_si512(lo, bits(lo_shift));
-                        hi = _mm512_or_si512(hi, bits(hi_shift));
-                    }
-                    _mm512_storeu_si512(out.cast(), lo);
-                    _mm512_storeu_si512(out.add(64).cast(), hi);
-                }
-            }
-        }
     }
 
     /// Scalar twin of [`PackedMatrix::expand`].
@@ -834,37 +756,38 @@ impl PackedMatrix {
         #[cfg(target_arch = "x86_64")]
         {
             let pf = crate::quantdot::prefetch_distance();
-            macro_rules! dispatch {
-                ($m:ident, $($n:literal),*) => {
-                    match (self.quants, self.scales) {
-                        (Quants::Nib, Scales::K4) => dispatch!(@n $m, Q_NIB, S_K4, $($n),*),
-                        (Quants::Nib1, Scales::K4) => dispatch!(@n $m, Q_NIB1, S_K4, $($n),*),
-                        (Quants::Nib2, Scales::K6) => dispatch!(@n $m, Q_NIB2, S_K6, $($n),*),
-                        (Quants::Byte, Scales::D) => dispatch!(@n $m, Q_BYTE, S_D, $($n),*),
-                        (Quants::Nib, Scales::D) => dispatch!(@n $m, Q_NIB, S_D, $($n),*),
-                        (Quants::Nib1, Scales::D) => dispatch!(@n $m, Q_NIB1, S_D, $($n),*),
-                        (Quants::Nib, Scales::Dm) => dispatch!(@n $m, Q_NIB, S_DM, $($n),*),
-                        (Quants::Nib1, Scales::Dm) => dispatch!(@n $m, Q_NIB1, S_DM, $($n),*),
-                        _ => unreachable!("format() pairs"),
-                    }
-                };
-                (@n $m:ident, $q:ident, $s:ident, $($n:literal),*) => {
+            macro_rules! by_tokens {
+                ($m:ident, $q:ident, $s:ident) => {
                     match n {
-                        $($n => {
-                            // SAFETY: forwarded from the caller.
-                            unsafe {
-                                $m::micro::<$n, $q, $s>(
-                                    panel, self.cols, self.mmul, x, t0, out, stride, pf,
-                                )
-                            }
-                        })*
+                        1 => by_tokens!(@ $m, $q, $s, 1),
+                        2 => by_tokens!(@ $m, $q, $s, 2),
+                        3 => by_tokens!(@ $m, $q, $s, 3),
+                        4 => by_tokens!(@ $m, $q, $s, 4),
                         _ => unreachable!("n ≤ 4"),
                     }
                 };
+                (@ $m:ident, $q:ident, $s:ident, $n:literal) => {
+                    // SAFETY: forwarded from the caller.
+                    unsafe {
+                        $m::micro::<$n, $q, $s>(
+                            panel, self.cols, self.mmul, x, t0, out, stride, pf,
+                        )
+                    }
+                };
+            }
+            macro_rules! on_vnni {
+                ($q:ident, $s:ident) => {
+                    by_tokens!(vnni, $q, $s)
+                };
+            }
+            macro_rules! on_avx2 {
+                ($q:ident, $s:ident) => {
+                    by_tokens!(avx2, $q, $s)
+                };
             }
             match path {
-                Int8Path::Vnni => return dispatch!(vnni, 1, 2, 3, 4),
-                Int8Path::Avx2 => return dispatch!(avx2, 1, 2, 3, 4),
+                Int8Path::Vnni => return with_format!(self.quants, self.scales, on_vnni),
+                Int8Path::Avx2 => return with_format!(self.quants, self.scales, on_avx2),
                 Int8Path::Scalar => {}
             }
         }
@@ -1063,6 +986,104 @@ mod vnni {
         }
     }
 
+    /// A chunk's per-row `d` and `dmin` / `m` (zero where the format has none) at `base`, as
+    /// f32 (rows 0-15, 16-31).
+    #[inline(always)]
+    unsafe fn heads<const S: u8>(base: *const u8) -> ([__m512; 2], [__m512; 2]) {
+        // SAFETY: the chunk starts with its head (64 or 128 bytes).
+        unsafe {
+            match S {
+                S_K4 | S_DM => (f16x32(base), f16x32(base.add(64))),
+                _ => (f16x32(base), [_mm512_setzero_ps(); 2]),
+            }
+        }
+    }
+
+    /// `(s, m)` of sub-block `j` of the chunk at `base` for rows 0-15, 16-31 (the products of
+    /// the scalar `scale_of`, bit for bit), from its head `(d, d2)`.
+    #[inline(always)]
+    unsafe fn scales<const Q: u8, const S: u8>(
+        base: *const u8,
+        j: usize,
+        d: [__m512; 2],
+        d2: [__m512; 2],
+        mmul: f32,
+    ) -> ([__m512; 2], [__m512; 2]) {
+        // SAFETY: AVX-512F is available (every caller has it).
+        let mul = |a: [__m512; 2], b: [__m512; 2]| unsafe {
+            [_mm512_mul_ps(a[0], b[0]), _mm512_mul_ps(a[1], b[1])]
+        };
+        // SAFETY: sub-block j's scale bytes lie in the chunk.
+        unsafe {
+            match S {
+                S_K4 => {
+                    let at = base.add(sub_at(Q, S, j));
+                    (
+                        mul(d, bytes32::<false>(at)),
+                        mul(d2, bytes32::<false>(at.add(32))),
+                    )
+                }
+                S_K6 => {
+                    let v = mul(d, bytes32::<true>(base.add(sub_at(Q, S, j))));
+                    (v, mul([_mm512_set1_ps(32.0); 2], v))
+                }
+                S_D => (d, mul([_mm512_set1_ps(mmul); 2], d)),
+                _ => {
+                    debug_assert_eq!(S, S_DM);
+                    let neg = |v: __m512| {
+                        _mm512_castsi512_ps(_mm512_xor_si512(
+                            _mm512_castps_si512(v),
+                            _mm512_set1_epi32(i32::MIN),
+                        ))
+                    };
+                    (d, [neg(d2[0]), neg(d2[1])])
+                }
+            }
+        }
+    }
+
+    /// [`super::PackedMatrix::expand`] on AVX-512BW for a panel of format `(Q, S)`: each
+    /// record through [`load`], the scales through [`scales`].
+    ///
+    /// # Safety
+    /// AVX-512F/BW are available; `panel` is a whole panel of format `(Q, S)` with `cols`
+    /// columns; `dst` holds `cols / 4 · 32` quads and `cols / sz · 32` scales and offsets.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn expand<const Q: u8, const S: u8>(
+        panel: &[u8],
+        cols: usize,
+        mmul: f32,
+        dst: &mut super::Panel,
+    ) {
+        let (cc, cb, sz) = (chunk_cols(S), chunk_bytes(Q, S), sub_cols(S));
+        let (rb, sq, nsc) = (rec_bytes(Q), sz / 4, cc / sz);
+        let (sp, mp) = (dst.s.as_mut_ptr(), dst.m.as_mut_ptr());
+        let dq = dst.q.as_mut_ptr().cast::<u8>();
+        for c in 0..cols / cc {
+            // SAFETY (block): chunk c of the panel, its records and scales at the layout's
+            // offsets; quads, scales and offsets of chunk c inside `dst` (caller).
+            unsafe {
+                let base = panel.as_ptr().add(c * cb);
+                let (d, d2) = heads::<S>(base);
+                for j in 0..nsc {
+                    let (s, m) = scales::<Q, S>(base, j, d, d2, mmul);
+                    let o = (c * nsc + j) * 32;
+                    for h in 0..2 {
+                        _mm512_storeu_ps(sp.add(o + 16 * h), s[h]);
+                        _mm512_storeu_ps(mp.add(o + 16 * h), m[h]);
+                    }
+                    for qd in 0..sq {
+                        let rec = base.add(sub_at(Q, S, j) + sub_head(S) + qd * rb);
+                        let (w0, w1) = load::<Q>(rec);
+                        let out = dq.add(((c * nsc + j) * sq + qd) * 128);
+                        _mm512_storeu_si512(out.cast(), w0);
+                        _mm512_storeu_si512(out.add(64).cast(), w1);
+                    }
+                }
+            }
+        }
+    }
+
     /// `[32]` f16 at `p` as two f32 vectors.
     #[inline(always)]
     unsafe fn f16x32(p: *const u8) -> [__m512; 2] {
@@ -1120,17 +1141,11 @@ mod vnni {
         let sums = x.sums(sz);
         let xq = x.q.as_ptr();
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        let sign = _mm512_set1_ps(-0.0);
         for c in 0..k / cc {
             // SAFETY: chunk c of the panel (k / cc chunks of cb bytes).
             let base = unsafe { panel.as_ptr().add(c * cb) };
-            // SAFETY: the chunk starts with its scales.
-            let (d, d2) = unsafe {
-                match S {
-                    S_K4 | S_DM => (f16x32(base), f16x32(base.add(64))),
-                    _ => (f16x32(base), [_mm512_setzero_ps(); 2]),
-                }
-            };
+            // SAFETY: the chunk starts with its head.
+            let (d, d2) = unsafe { heads::<S>(base) };
             for j in 0..nsc {
                 let b = c * nsc + j;
                 let mut dot = [[_mm512_setzero_si512(); 2]; N];
@@ -1150,35 +1165,8 @@ mod vnni {
                         dd[1] = _mm512_dpbusd_epi32(dd[1], w1, xb);
                     }
                 }
-                // SAFETY: sub-block j's scale bytes lie in the chunk's scales.
-                let (s, m) = unsafe {
-                    match S {
-                        S_K4 => {
-                            let (sc, mn) = (
-                                bytes32::<false>(base.add(sub_at(Q, S, j))),
-                                bytes32::<false>(base.add(sub_at(Q, S, j) + 32)),
-                            );
-                            (
-                                [_mm512_mul_ps(d[0], sc[0]), _mm512_mul_ps(d[1], sc[1])],
-                                [_mm512_mul_ps(d2[0], mn[0]), _mm512_mul_ps(d2[1], mn[1])],
-                            )
-                        }
-                        S_K6 => {
-                            let sc = bytes32::<true>(base.add(sub_at(Q, S, j)));
-                            let v = [_mm512_mul_ps(d[0], sc[0]), _mm512_mul_ps(d[1], sc[1])];
-                            let c32 = _mm512_set1_ps(32.0);
-                            (v, [_mm512_mul_ps(c32, v[0]), _mm512_mul_ps(c32, v[1])])
-                        }
-                        S_D => {
-                            let mm = _mm512_set1_ps(mmul);
-                            (d, [_mm512_mul_ps(mm, d[0]), _mm512_mul_ps(mm, d[1])])
-                        }
-                        _ => {
-                            debug_assert_eq!(S, S_DM);
-                            (d, [_mm512_xor_ps(d2[0], sign), _mm512_xor_ps(d2[1], sign)])
-                        }
-                    }
-                };
+                // SAFETY: sub-block j's scale bytes lie in the chunk.
+                let (s, m) = unsafe { scales::<Q, S>(base, j, d, d2, mmul) };
                 for (i, a) in acc.iter_mut().enumerate() {
                     let t = t0 + i;
                     let dx = _mm512_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
