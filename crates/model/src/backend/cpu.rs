@@ -740,18 +740,7 @@ impl CpuBackend {
         let pool = Some(&self.pool);
         if n >= GEMM_MIN_TOKENS && self.gemm == Some(GemmPath::Amx) {
             let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let r = self.timed(
-                || "bf16 acts (pack)".into(),
-                || match &mut bufs.0 {
-                    Some(p) => p.repack(&x.data, n, x.width, pool),
-                    slot @ None => PackedActs::for_path(GemmPath::Amx, &x.data, n, x.width, pool)
-                        .map(|p| *slot = Some(p)),
-                },
-            );
-            r.map_err(|e| kernel_err("gemm input", e))?;
-            let Some(xp) = &bufs.0 else {
-                unreachable!("packed above")
-            };
+            let xp = self.bf16_acts(&mut bufs.0, GemmPath::Amx, x)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
                 let key = || {
                     let class = weight_class(w.tensor.name());
@@ -768,19 +757,7 @@ impl CpuBackend {
         }
         if n >= GEMM_MIN_TOKENS && self.gemm.is_some() {
             let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let r = self.timed(
-                || "int8 acts (quantize)".into(),
-                || match &mut bufs.1 {
-                    Some(q) => q.requantize(&x.data, n, x.width, pool),
-                    slot @ None => {
-                        gemm::int8::QActs::new(&x.data, n, x.width, pool).map(|q| *slot = Some(q))
-                    }
-                },
-            );
-            r.map_err(|e| kernel_err("int8 gemm input", e))?;
-            let Some(xq) = &bufs.1 else {
-                unreachable!("quantized above")
-            };
+            let xq = self.int8_acts(&mut bufs.1, x)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
                 let key = || {
                     let class = weight_class(w.tensor.name());
@@ -862,6 +839,48 @@ impl CpuBackend {
         })
     }
 
+    /// `x` quantized for the int8 kernels into `slot`, kept between matmuls (fresh pages for
+    /// every input cost more than quantizing it).
+    fn int8_acts<'s>(
+        &self,
+        slot: &'s mut Option<gemm::int8::QActs>,
+        x: &HostAct,
+    ) -> Result<&'s gemm::int8::QActs, ModelError> {
+        let (pool, n, k) = (Some(&self.pool), x.n_tokens, x.width);
+        let r = self.timed(
+            || "int8 acts (quantize)".into(),
+            || match &mut *slot {
+                Some(q) => q.requantize(&x.data, n, k, pool),
+                s @ None => gemm::int8::QActs::new(&x.data, n, k, pool).map(|q| *s = Some(q)),
+            },
+        );
+        r.map_err(|e| kernel_err("int8 gemm input", e))?;
+        Ok(slot
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("quantized above")))
+    }
+
+    /// `x` packed as bf16 for the GEMM `path` into `slot`, kept between matmuls.
+    fn bf16_acts<'s>(
+        &self,
+        slot: &'s mut Option<PackedActs>,
+        path: GemmPath,
+        x: &HostAct,
+    ) -> Result<&'s PackedActs, ModelError> {
+        let (pool, n, k) = (Some(&self.pool), x.n_tokens, x.width);
+        let r = self.timed(
+            || "bf16 acts (pack)".into(),
+            || match &mut *slot {
+                Some(p) => p.repack(&x.data, n, k, pool),
+                s @ None => PackedActs::for_path(path, &x.data, n, k, pool).map(|p| *s = Some(p)),
+            },
+        );
+        r.map_err(|e| kernel_err("gemm input", e))?;
+        Ok(slot
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("packed above")))
+    }
+
     /// `outs[0] = silu(outs[0]) · outs[1]`, split by tokens.
     fn swiglu_rows(&self, outs: &mut [&mut HostAct]) {
         let (g, rest) = outs.split_at_mut(1);
@@ -890,7 +909,6 @@ impl CpuBackend {
         outs: &mut [&mut HostAct],
         swiglu: bool,
     ) -> Result<(), ModelError> {
-        let n = x.n_tokens;
         // Both operand forms made at most once per call, on first need, in buffers kept
         // between calls (fresh pages for every input cost more than packing it).
         let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
@@ -907,16 +925,7 @@ impl CpuBackend {
                 && gemm::int8::unsupported(&wr).is_none()
             {
                 if !q_fresh {
-                    let pool = Some(&self.pool);
-                    let r = self.timed(
-                        || "int8 acts (quantize)".into(),
-                        || match &mut bufs.1 {
-                            Some(q) => q.requantize(&x.data, n, x.width, pool),
-                            slot @ None => gemm::int8::QActs::new(&x.data, n, x.width, pool)
-                                .map(|q| *slot = Some(q)),
-                        },
-                    );
-                    r.map_err(|e| kernel_err("int8 gemm input", e))?;
+                    self.int8_acts(&mut bufs.1, x)?;
                     q_fresh = true;
                 }
                 let Some(xq) = &bufs.1 else {
@@ -937,16 +946,7 @@ impl CpuBackend {
                 continue;
             }
             if !p_fresh {
-                let pool = Some(&self.pool);
-                let r = self.timed(
-                    || "bf16 acts (pack)".into(),
-                    || match &mut bufs.0 {
-                        Some(p) => p.repack(&x.data, n, x.width, pool),
-                        slot @ None => PackedActs::for_path(path, &x.data, n, x.width, pool)
-                            .map(|p| *slot = Some(p)),
-                    },
-                );
-                r.map_err(|e| kernel_err("gemm input", e))?;
+                self.bf16_acts(&mut bufs.0, path, x)?;
                 p_fresh = true;
             }
             let Some(xp) = &bufs.0 else {
