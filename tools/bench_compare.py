@@ -16,7 +16,8 @@ AVX-512); where it cannot run, a numpy single-pass read is used instead and labe
 Usage:
     tools/bench_compare.py -m MODEL.gguf -t 2 -p 512 -n 128 --runs 10 [--append BENCHMARKS.md]
 
-Dev tool: not run in CI. Needs python3; `gguf` (pip) for bytes/token; numpy for the fallback.
+Dev tool: not run in CI. Needs python3; bytes/token and ops/token come from `damascus bench
+--json` (else from the `gguf` pip package); numpy for the bandwidth fallback.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def run_measured(cmd: list[str]) -> tuple[str, int]:
 def damascus_samples(text: str) -> dict[str, list[float]]:
     doc = json.loads(text)
     return {t["name"]: list(t["samples_ts"]) for t in doc["tests"]}
+
+
+def damascus_work(text: str) -> tuple[int | None, int | None]:
+    """Decode bytes/token and prompt ops/token as `damascus bench --json` reports them."""
+    doc = json.loads(text)
+    return doc.get("decode_bytes_per_token"), doc.get("prompt_ops_per_token")
 
 
 def llama_samples(text: str) -> dict[str, list[float]]:
@@ -199,6 +206,7 @@ def main() -> None:
     a: dict[str, list[float]] = {}
     b: dict[str, list[float]] = {}
     rss_a = rss_b = 0
+    work: tuple[int | None, int | None] = (None, None)
     for i in range(args.runs):
         print(f"round {i + 1}/{args.runs}", file=sys.stderr, flush=True)
         for cmd, store, which in ((a_cmd, a, "a"), (b_cmd, b, "b")):
@@ -207,17 +215,18 @@ def main() -> None:
             for name, s in parsed.items():
                 store.setdefault(name, []).extend(s)
             if which == "a":
+                work = damascus_work(text)
                 rss_a = max(rss_a, rss)
             else:
                 rss_b = max(rss_b, rss)
 
-    bpt = bytes_per_token(args.model)
+    bpt = work[0] or bytes_per_token(args.model)
     if args.bandwidth:
         bw, bw_src = args.bandwidth, "given with --bandwidth"
     else:
         bw, bw_src = measure_bandwidth(args.threads, args.roofline)
 
-    opt = ops_per_token(args.model)
+    opt = work[1] or ops_per_token(args.model)
     peak, peak_src = measure_int8_peak(args.threads)
 
     def fmt(xs: list[float]) -> str:

@@ -261,7 +261,7 @@ fn repacked_and_file_layout_weights_both_match_reference() {
         .expect("loading on cpu");
     // Repacked wherever the VNNI int8 path runs (not under DAMASCUS_REPACK=0).
     let vnni = Int8Path::Vnni.is_available() && std::env::var("DAMASCUS_REPACK").is_err();
-    if vnni && packed.backend_name() == "cpu-vnni" {
+    if vnni && matches!(packed.backend_name(), "cpu-vnni" | "cpu-amx") {
         let note = packed.load_note().expect("a load note");
         assert!(note.starts_with("repacked "), "{note}");
     }

@@ -231,6 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .file_type
         .map_or_else(|| "unknown".to_string(), |f| f.name().to_string());
     let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let (decode_bytes, prompt_ops) = work_per_token(file.tensors());
     let size = file.file_size();
     let model_name = path.file_name().map_or_else(
         || path.display().to_string(),
@@ -299,6 +300,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "peak_rss_bytes": peak_rss,
             "load_s": load_s,
             "load_note": load_note,
+            "decode_bytes_per_token": decode_bytes,
+            "prompt_ops_per_token": prompt_ops,
             "tests": tests,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -335,6 +338,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Work one token costs, from the file's tensor table: the weight bytes one decode step reads
+/// (every tensor but `rope_freqs`, and but the embedding table unless it doubles as the LM head)
+/// and the integer ops of one prompt token in the decoder's linear layers (2 · Σ rows · cols over
+/// the 2-D `blk.*` weights; the LM head runs for the last position only).
+fn work_per_token(tensors: &[damascus_gguf::TensorInfo]) -> (u64, u64) {
+    let tied = !tensors.iter().any(|t| t.name == "output.weight");
+    let bytes = tensors
+        .iter()
+        .filter(|t| t.name != "rope_freqs.weight" && (tied || t.name != "token_embd.weight"))
+        .map(|t| t.n_bytes())
+        .sum();
+    let ops = tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2)
+        .map(|t| 2 * t.n_elements())
+        .sum();
+    (bytes, ops)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +381,28 @@ mod tests {
     fn test_names() {
         assert_eq!(Test::Prompt(512).name(), "pp512");
         assert_eq!(Test::Gen(128).name(), "tg128");
+    }
+
+    #[test]
+    fn work_per_token_counts_the_lm_head_once() {
+        use damascus_gguf::{GgmlType, TensorInfo};
+        let t = |name: &str, dims: &[u64]| TensorInfo {
+            name: name.into(),
+            dims: dims.to_vec(),
+            dtype: GgmlType::Q8_0,
+            offset: 0,
+        };
+        // Q8_0: 34 bytes per 32 weights.
+        let mut tensors = vec![
+            t("token_embd.weight", &[64, 10]),
+            t("blk.0.attn_q.weight", &[64, 64]),
+            t("blk.0.attn_norm.weight", &[64]),
+            t("rope_freqs.weight", &[32]),
+        ];
+        // Tied: the embedding table is the LM head and is read every step.
+        assert_eq!(work_per_token(&tensors), ((20 + 128 + 2) * 34, 2 * 64 * 64));
+        tensors.push(t("output.weight", &[64, 10]));
+        assert_eq!(work_per_token(&tensors), ((128 + 2 + 20) * 34, 2 * 64 * 64));
     }
 
     #[test]

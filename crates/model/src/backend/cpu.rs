@@ -1,10 +1,9 @@
-//! The fast CPU backend. Where the int8 kernels run (AVX-512 VNNI, or AVX2; on AMX CPUs, with
-//! `DAMASCUS_REPACK=1`, the VNNI decode kernels) every weight they take is
+//! The fast CPU backend. Where the int8 kernels run (AVX-512 VNNI, or AVX2; on AMX CPUs the
+//! VNNI decode kernels) every weight they take is
 //! **repacked at load** into [`PackedMatrix`] panels (32 rows interleaved, scales pre-unpacked;
 //! read from the file with `pread`, so the mapping's pages are not kept resident as well), and
 //! every matmul and embedding lookup reads that copy: prompts through its int8 GEMM (on AMX
-//! CPUs its AMX-BF16 GEMM, each unit's panels rounded to bf16 tiles; opt-in there until it is
-//! measured against the file-layout unpack on an AMX host), decode through its GEMV
+//! CPUs its AMX-BF16 GEMM, each unit's panels rounded to bf16 tiles), decode through its GEMV
 //! (rows split by 32-row panels). Elsewhere, or with `DAMASCUS_REPACK=0` /
 //! [`CpuBackend::with_repack`], weights stay in the memory mapping, activations are quantized
 //! once per matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the
@@ -75,9 +74,8 @@ pub struct CpuBackend {
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
-    /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs with
-    /// `DAMASCUS_REPACK=1` (prompts on AMX tiles from the packed panels) the VNNI path for
-    /// decode.
+    /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs (prompts
+    /// on AMX tiles from the packed panels) the VNNI path for decode.
     packed_path: Option<gemm::int8::Int8Path>,
     /// Weights the packed kernels can take are repacked at load ([`PackedMatrix`]) and the
     /// mapping is no longer read for them (wherever `packed_path` is set);
@@ -130,14 +128,12 @@ impl CpuBackend {
             && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
         let repack_env = std::env::var("DAMASCUS_REPACK").ok();
         let repack_env = repack_env.as_deref().map(str::trim);
-        // AMX CPUs repack only on request (`DAMASCUS_REPACK=1`) until the AMX GEMM on packed
-        // panels has been measured against the file-layout unpack there.
+        // AMX CPUs repack too (measured on a 2-core AMX VM, `-t 2`, synthetic 3B Q4_K_M:
+        // tg128 +11 %, pp512 +6 % over the file layout; BENCHMARKS.md, 2026-12-06).
         let packed_path = int8.or_else(|| {
-            (repack_env == Some("1")
-                && gemm == Some(GemmPath::Amx)
-                && matches!(kern.isa(), Isa::Vnni | Isa::Amx))
-            .then_some(gemm::int8::Int8Path::Vnni)
-            .filter(|p| p.is_available())
+            (gemm == Some(GemmPath::Amx) && matches!(kern.isa(), Isa::Vnni | Isa::Amx))
+                .then_some(gemm::int8::Int8Path::Vnni)
+                .filter(|p| p.is_available())
         });
         let repack = packed_path.is_some() && repack_env != Some("0");
         CpuBackend {
@@ -164,7 +160,7 @@ impl CpuBackend {
 
     /// With `on == false`, weights stay in the file's layout (see [`PackedMatrix`]); call before
     /// the model is loaded. Repacking also needs a packed path (an int8 path, or an AMX CPU
-    /// with `DAMASCUS_REPACK=1`) and no `DAMASCUS_REPACK=0`.
+    /// with the VNNI kernels) and no `DAMASCUS_REPACK=0`.
     pub fn with_repack(mut self, on: bool) -> CpuBackend {
         self.repack &= on;
         self
