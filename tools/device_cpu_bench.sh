@@ -17,7 +17,7 @@
 #           checks the default model and runs the CPU-backend tests (fixtures via /work/main).
 #   bench   The interleaved pp512 at 16 threads, then tg128 at 2 threads. Tables go to $OUT.
 #   tg2     tg128 at 2 threads only, 10 interleaved rounds (issue 7's protocol).
-#   ab      Repacked (`DAMASCUS_REPACK=1`, opt-in on AMX hosts) against the file layout
+#   ab      Repacked (the default, `DAMASCUS_REPACK=1`) against the file layout
 #           (`DAMASCUS_REPACK=0`), pp512 + tg128 at 16 threads; then tg128 against llama.cpp.
 set -euo pipefail
 D=$PWD/.dev
@@ -63,7 +63,7 @@ tests)
     sha256sum /tmp/dh/models/SmolLM2-135M-Instruct.Q4_1.gguf
     mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
     /tmp/bin/test-cpu-backend 2>&1 | tail -14 | tee "$OUT/cpu-backend.txt"
-    # AMX prompts from the repacked panels (opt-in on AMX hosts).
+    # AMX prompts from the repacked panels (the default on AMX hosts; forced on here).
     DAMASCUS_REPACK=1 /tmp/bin/test-cpu-backend 2>&1 | tail -14 | tee -a "$OUT/cpu-backend.txt"
     ;;
 bench)
