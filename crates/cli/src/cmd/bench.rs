@@ -231,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .file_type
         .map_or_else(|| "unknown".to_string(), |f| f.name().to_string());
     let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    let (decode_bytes, prompt_ops) = work_per_token(file.tensors());
+    let (decode_bytes, prompt_ops) = work_per_token(file.tensors(), model.config().tied_embeddings);
     let size = file.file_size();
     let model_name = path.file_name().map_or_else(
         || path.display().to_string(),
@@ -339,14 +339,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Work one token costs, from the file's tensor table: the weight bytes one decode step reads
-/// (every tensor but `rope_freqs`, and but the embedding table unless it doubles as the LM head)
-/// and the integer ops of one prompt token in the decoder's linear layers (2 · Σ rows · cols over
-/// the 2-D `blk.*` weights; the LM head runs for the last position only).
-fn work_per_token(tensors: &[damascus_gguf::TensorInfo]) -> (u64, u64) {
-    let tied = !tensors.iter().any(|t| t.name == "output.weight");
+/// (every tensor but `rope_freqs`, and but the embedding table unless it doubles as the LM head,
+/// `tied`) and the integer ops of one prompt token in the decoder's linear layers (2 · Σ rows ·
+/// cols over the 2-D `blk.*` weights; the LM head runs for the last position only).
+fn work_per_token(tensors: &[damascus_gguf::TensorInfo], tied: bool) -> (u64, u64) {
+    use damascus_gguf::keys::tensors::{ROPE_FREQS, TOKEN_EMBD};
     let bytes = tensors
         .iter()
-        .filter(|t| t.name != "rope_freqs.weight" && (tied || t.name != "token_embd.weight"))
+        .filter(|t| t.name != ROPE_FREQS && (tied || t.name != TOKEN_EMBD))
         .map(|t| t.n_bytes())
         .sum();
     let ops = tensors
@@ -400,9 +400,15 @@ mod tests {
             t("rope_freqs.weight", &[32]),
         ];
         // Tied: the embedding table is the LM head and is read every step.
-        assert_eq!(work_per_token(&tensors), ((20 + 128 + 2) * 34, 2 * 64 * 64));
+        assert_eq!(
+            work_per_token(&tensors, true),
+            ((20 + 128 + 2) * 34, 2 * 64 * 64)
+        );
         tensors.push(t("output.weight", &[64, 10]));
-        assert_eq!(work_per_token(&tensors), ((128 + 2 + 20) * 34, 2 * 64 * 64));
+        assert_eq!(
+            work_per_token(&tensors, false),
+            ((128 + 2 + 20) * 34, 2 * 64 * 64)
+        );
     }
 
     #[test]
