@@ -463,6 +463,19 @@ def build_family(family: str, spec: dict, args, cache: str) -> dict:
     notes = {"seed": seed, "family": family, "hf_class": spec["cls"], "attn_implementation": "eager", "dtype": "float32"}
     if family in WINDOW_NOTE:
         notes["window"] = WINDOW_NOTE[family]
+    if spec["cfg"].get("sliding_window", 4096) < 4096:
+        notes["window_semantics"] = (
+            "a query at position i attends keys j with i - j < sliding_window (HF's sliding-window mask; "
+            "llama.cpp masks p1 - p0 >= n_swa): the current token and the sliding_window - 1 before it")
+    if spec["tokenizer"] == "spm":
+        notes["prompt_ids"] = ("BOS + sentencepiece ids of the text (with its dummy-prefix space); "
+                               "the ids are what runs")
+    if family == "gemma3":
+        notes["gemma3"] = ("layers 0-4 and 6-7 local (window 8, rope base 10000), layer 5 global (rope base 1e6); "
+                           "attention scale 1/sqrt(query_pre_attn_scalar = head_dim = 32); the converter stores "
+                           "norm weights as 1 + w (HF multiplies by 1 + w in f32, the same value); slot 0 includes "
+                           "the embedding scale sqrt(64) = 8; logits are after the final soft-cap "
+                           "10 * tanh(x / 10)")
     if family == "phi3":
         # Does HF phi3 honour sliding_window? Run the long prompt once more without it.
         with torch.no_grad():
