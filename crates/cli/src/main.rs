@@ -31,6 +31,8 @@ enum Command {
     Pull(cmd::pull::Args),
     /// Tokenize text and print ids and pieces.
     Tokenize(cmd::tokenize::Args),
+    /// Sentence embeddings of texts (pooled final hidden states, L2-normalised).
+    Embed(cmd::embed::Args),
     /// Turn token ids back into text.
     Detokenize(cmd::tokenize::DetokenizeArgs),
     /// Render the model's chat template for a list of messages.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
             Command::DeviceInfo(a) => cmd::device_info::run(a),
             Command::Pull(a) => cmd::pull::run(a),
             Command::Tokenize(a) => cmd::tokenize::run(a),
+            Command::Embed(a) => cmd::embed::run(a),
             Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
             Command::Template(a) => cmd::template::run(a),
             Command::Quantize(a) => cmd::quantize::run(a),

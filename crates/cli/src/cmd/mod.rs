@@ -13,6 +13,7 @@ pub mod quantize;
 pub mod serve;
 pub mod synth;
 pub mod template;
+pub mod embed;
 pub mod tokenize;
 pub mod verify;
 
