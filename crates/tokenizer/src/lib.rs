@@ -71,8 +71,11 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     /// `[n_vocab]`
     types: Vec<TokenType>,
-    /// Decoded bytes of each token (byte alphabet / `▁` / `<0xNN>` undone). `[n_vocab]`
-    pieces: Vec<Box<[u8]>>,
+    /// Decoded bytes of every token (byte alphabet / `▁` / `<0xNN>` undone), concatenated.
+    /// `[sum of piece lengths]`
+    piece_bytes: Vec<u8>,
+    /// Start of token i's bytes in `piece_bytes`; i + 1 ends it. `[n_vocab + 1]`
+    piece_offs: Vec<u32>,
     /// Control and user-defined tokens (special parsing on). `specials` ⊇ `user_defined`.
     specials: SpecialMatcher,
     /// User-defined tokens only (always matched).
@@ -170,12 +173,16 @@ impl Tokenizer {
                 spec.unk,
             ))),
         };
-        let pieces = spec
-            .tokens
-            .iter()
-            .zip(&types)
-            .map(|(t, &ty)| decode::piece_bytes(spec.model, t, ty))
-            .collect();
+        // One buffer for all pieces: no allocation per token (262k in Gemma's vocabulary).
+        let mut piece_bytes = Vec::with_capacity(spec.tokens.iter().map(String::len).sum());
+        let mut piece_offs = Vec::with_capacity(n + 1);
+        piece_offs.push(0u32);
+        for (t, &ty) in spec.tokens.iter().zip(&types) {
+            decode::push_piece_bytes(spec.model, t, ty, &mut piece_bytes);
+            let end = u32::try_from(piece_bytes.len())
+                .map_err(|_| TokenizerError::BadVocab("token strings exceed 4 GiB".into()))?;
+            piece_offs.push(end);
+        }
         let matchable = |keep: fn(TokenType) -> bool| {
             SpecialMatcher::new(
                 spec.tokens
@@ -215,7 +222,8 @@ impl Tokenizer {
             pre: spec.pre,
             tokens: spec.tokens,
             types,
-            pieces,
+            piece_bytes,
+            piece_offs,
             specials,
             user_defined,
             normalize_nfc: spec.normalize_nfc,
@@ -304,7 +312,12 @@ impl Tokenizer {
             text
         };
         match &self.model {
-            Model::Spm(m) => m.encode(text, self.add_space_prefix && after_special, out),
+            Model::Spm(m) => m.encode(
+                &self.tokens,
+                text,
+                self.add_space_prefix && after_special,
+                out,
+            ),
             Model::Bpe(m) => {
                 s.words.clear();
                 s.splitter.split(self.pre, text, &mut s.words);
@@ -349,7 +362,9 @@ impl Tokenizer {
 
     /// The bytes one token decodes to (control tokens included), or `None` if out of range.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        self.pieces.get(id as usize).map(|p| &p[..])
+        let i = id as usize;
+        let (a, b) = (*self.piece_offs.get(i)?, *self.piece_offs.get(i + 1)?);
+        Some(&self.piece_bytes[a as usize..b as usize])
     }
 
     /// A token's text for display: its decoded bytes, lossily as UTF-8.
