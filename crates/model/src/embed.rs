@@ -25,7 +25,11 @@ pub enum Pooling {
 impl Pooling {
     /// The pooling `{arch}.pooling_type` declares (`None` when absent, 0 = none, or unknown).
     pub fn from_metadata(md: &Metadata, arch: &str) -> Option<Pooling> {
-        match md.get_u32(&keys::llm(arch, "pooling_type")).ok().flatten()? {
+        match md
+            .get_u32(&keys::llm(arch, "pooling_type"))
+            .ok()
+            .flatten()?
+        {
             1 => Some(Pooling::Mean),
             2 => Some(Pooling::First),
             3 => Some(Pooling::Last),
@@ -78,7 +82,11 @@ pub fn pool(hidden: &[f32], width: usize, pooling: Pooling) -> Vec<f32> {
 
 /// Scales `v` to unit L2 norm (a zero vector stays zero).
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
     if norm > 0.0 {
         let inv = (1.0 / norm) as f32;
         v.iter_mut().for_each(|x| *x *= inv);

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod embeddings;
 pub mod metrics;
 pub mod routes;
 pub mod worker;
@@ -110,6 +111,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Unix time the server started (the `created` of `/v1/models`).
     pub started: u64,
+    /// The model (`/v1/embeddings` runs its own forward passes).
+    pub model: Arc<Model>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -202,6 +205,7 @@ fn build_state(
         queue,
         metrics,
         started: now_unix(),
+        model,
     });
     Ok((state, workers))
 }

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod chat;
 pub mod device_info;
+pub mod embed;
 pub mod generate;
 pub mod list;
 pub mod load;
@@ -14,7 +15,6 @@ pub mod quantize;
 pub mod serve;
 pub mod synth;
 pub mod template;
-pub mod embed;
 pub mod tokenize;
 pub mod verify;
 
