@@ -284,22 +284,29 @@ impl ThreadPool {
         pieces: Vec<&mut [T]>,
         f: &(dyn Fn(usize, &mut [T]) + Sync),
     ) {
-        struct Pieces<T>(Vec<(*mut T, usize)>);
-        // SAFETY: each piece is handed to exactly one task (`run_chunks` runs every index
-        // once), the pieces are disjoint `&mut` borrows held for the whole call, and `T: Send`.
-        unsafe impl<T: Send> Sync for Pieces<T> {}
-        let raw = Pieces(
-            pieces
+        self.for_each_task(pieces, &|i, p| f(i, p));
+    }
+
+    /// Runs `f(i, tasks[i])` for every task, each moved into exactly one call, handed out as
+    /// by [`ThreadPool::run_chunks`]. A task may hold several `&mut` pieces (a gate chunk and
+    /// its up chunk, a buffer and its row range).
+    pub fn for_each_task<P: Send>(&self, tasks: Vec<P>, f: &(dyn Fn(usize, P) + Sync)) {
+        struct Slots<P>(Vec<UnsafeCell<Option<P>>>);
+        // SAFETY: slot `i` is only touched by task `i`, which `run_chunks` runs exactly once,
+        // so no two threads access a slot; `P: Send` lets its value move to that thread.
+        unsafe impl<P: Send> Sync for Slots<P> {}
+        let slots = Slots(
+            tasks
                 .into_iter()
-                .map(|p| (p.as_mut_ptr(), p.len()))
+                .map(|t| UnsafeCell::new(Some(t)))
                 .collect(),
         );
-        let raw = &raw;
-        self.run_chunks(raw.0.len(), &|i| {
-            let (ptr, len) = raw.0[i];
-            // SAFETY: see `Pieces`: task `i` is the only user of piece `i` during this call.
-            let piece = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-            f(i, piece)
+        let slots = &slots;
+        self.run_chunks(slots.0.len(), &|i| {
+            // SAFETY: see `Slots`: task `i` is the only user of slot `i`.
+            if let Some(p) = unsafe { (*slots.0[i].get()).take() } {
+                f(i, p)
+            }
         });
     }
 }
