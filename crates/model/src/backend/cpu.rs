@@ -41,6 +41,7 @@ use super::reference::{HostAct, check_len, host_ops};
 use super::{Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
+use damascus_kernels::settings::KernelSettings;
 
 mod matmul;
 
@@ -59,6 +60,8 @@ const ROW_ALIGN: usize = 16;
 /// The multithreaded SIMD CPU backend.
 pub struct CpuBackend {
     pool: ThreadPool,
+    /// Set where `-t` asked for more threads than the CPUs (reported in the load note).
+    clamp: Option<ThreadClamp>,
     kern: &'static DotKernels,
     /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
     gemm: Option<GemmPath>,
@@ -104,18 +107,28 @@ impl std::fmt::Debug for CpuBackend {
 
 impl CpuBackend {
     /// A backend running on `n_threads` threads (`None`: one per physical core), with the
-    /// process-wide kernel table ([`quantdot::kernels`], honouring `DAMASCUS_ISA`).
+    /// default [`KernelSettings`] and the process-wide kernel table ([`quantdot::kernels`]).
     pub fn new(n_threads: Option<usize>) -> CpuBackend {
-        let n = n_threads.filter(|&n| n > 0).unwrap_or_else(physical_cores);
+        CpuBackend::with_settings(n_threads, &KernelSettings::default())
+    }
+
+    /// A backend running on `n_threads` threads (`None`: one per physical core; more than
+    /// the CPUs this process may use are clamped, see [`CpuBackend::thread_clamp`]) with the
+    /// tuning `settings` (the process-wide ones, the ISA level among them, are those
+    /// [`KernelSettings::install`]ed, or the defaults).
+    pub fn with_settings(n_threads: Option<usize>, settings: &KernelSettings) -> CpuBackend {
+        let (pool, clamp) = match n_threads.filter(|&n| n > 0) {
+            Some(n) => ThreadPool::clamped(n),
+            None => (ThreadPool::new(physical_cores()), None),
+        };
         let kern = quantdot::kernels();
-        let gemm_off = std::env::var("DAMASCUS_GEMM").is_ok_and(|v| v.trim() == "0");
-        let gemm = (!gemm_off)
+        let gemm = settings
+            .gemm
             // The chosen level, not the dot table's (AMX shares the VNNI dot products).
             .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
             .filter(|p| p.is_available());
-        let int8_off = std::env::var("DAMASCUS_GEMM_INT8").is_ok_and(|v| v.trim() == "0");
         let int8 = match (gemm, kern.isa()) {
-            (_, _) if int8_off => None,
+            (_, _) if !settings.int8 => None,
             (Some(GemmPath::Avx512), Isa::Vnni) => Some(gemm::int8::Int8Path::Vnni),
             (Some(GemmPath::Avx512 | GemmPath::Avx2), Isa::Avx512 | Isa::Avx2) => {
                 Some(gemm::int8::Int8Path::Avx2)
@@ -123,10 +136,7 @@ impl CpuBackend {
             _ => None,
         }
         .filter(|p| p.is_available());
-        let attn_amx = gemm == Some(GemmPath::Amx)
-            && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
-        let repack_env = std::env::var("DAMASCUS_REPACK").ok();
-        let repack_env = repack_env.as_deref().map(str::trim);
+        let attn_amx = gemm == Some(GemmPath::Amx) && settings.attn_amx;
         // AMX CPUs repack too (measured on a 2-core AMX VM, `-t 2`, synthetic 3B Q4_K_M:
         // tg128 +11 %, pp512 +6 % over the file layout; BENCHMARKS.md, 2026-12-06).
         let packed_path = int8.or_else(|| {
@@ -134,19 +144,26 @@ impl CpuBackend {
                 .then_some(gemm::int8::Int8Path::Vnni)
                 .filter(|p| p.is_available())
         });
-        let repack = packed_path.is_some() && repack_env != Some("0");
+        let repack = packed_path.is_some() && settings.repack;
         CpuBackend {
-            pool: ThreadPool::new(n),
+            pool,
+            clamp,
             kern,
             gemm,
             int8,
             attn_amx,
-            prof: OpProfile::from_env(),
+            prof: settings.profile.then(OpProfile::default),
             gemm_bufs: Mutex::new((None, None)),
             packed_path,
             repack,
             repacked: Mutex::new((0, 0, 0.0)),
         }
+    }
+
+    /// The thread count asked for and the one used, where it was more than the CPUs this
+    /// process may use.
+    pub fn thread_clamp(&self) -> Option<ThreadClamp> {
+        self.clamp
     }
 
     /// Runs `f`, timed under `key` when profiling.
@@ -457,7 +474,7 @@ impl Backend for CpuBackend {
             (Some(GemmPath::Amx), Some(p)) => format!("amx prompts + {} decode", p.name()),
             (_, p) => p.map_or("", |p| p.name()).to_string(),
         };
-        match *g {
+        let note = match *g {
             (0, _, _) if self.packed_path.is_some() && !self.repack => {
                 Some("weights kept in the file layout (repacking off)".into())
             }
@@ -466,6 +483,11 @@ impl Backend for CpuBackend {
                 "repacked {n} tensors ({:.2} GiB) for {path} in {secs:.2} s",
                 bytes as f64 / f64::from(1u32 << 30)
             )),
+        };
+        match (self.clamp, note) {
+            (Some(c), Some(n)) => Some(format!("{c} · {n}")),
+            (Some(c), None) => Some(c.to_string()),
+            (None, n) => n,
         }
     }
 
