@@ -164,38 +164,27 @@ impl QActs {
             }
         };
         let nt = pool.map_or(1, ThreadPool::n_threads);
-        if nt > 1 && n_tokens >= 2 * nt {
-            let parts = std::sync::Mutex::new(Vec::new());
-            {
-                let mut rest = (&mut a.q[..], &mut a.d[..], &mut a.s16[..], &mut a.s32[..]);
-                let mut v = parts.lock().unwrap_or_else(|p| p.into_inner());
-                for t in 0..nt {
-                    let r = split_range(n_tokens, 1, t, nt);
-                    let n = r.len();
-                    let (q, q2) = std::mem::take(&mut rest.0).split_at_mut(n * k);
-                    let (d, d2) = std::mem::take(&mut rest.1).split_at_mut(n * nb);
-                    let (s, s2) = std::mem::take(&mut rest.2).split_at_mut(n * 2 * nb);
-                    let (u, u2) = std::mem::take(&mut rest.3).split_at_mut(n * nb);
-                    rest = (q2, d2, s2, u2);
-                    v.push(std::sync::Mutex::new((r.start, n, q, d, s, u)));
+        if let Some(p) = pool.filter(|_| nt > 1 && n_tokens >= 2 * nt) {
+            // Chunks of whole tokens handed out over the pool, each with its rows of every
+            // output array.
+            let per = crate::pool::chunk_len(n_tokens, 1, nt);
+            let tasks: Vec<_> =
+                a.q.chunks_mut(per * k)
+                    .zip(a.d.chunks_mut(per * nb))
+                    .zip(a.s16.chunks_mut(per * 2 * nb))
+                    .zip(a.s32.chunks_mut(per * nb))
+                    .collect();
+            p.for_each_task(tasks, &|c, (((q, d), s), u)| {
+                for i in 0..q.len() / k {
+                    quant(
+                        c * per + i,
+                        &mut q[i * k..(i + 1) * k],
+                        &mut d[i * nb..(i + 1) * nb],
+                        &mut s[i * 2 * nb..(i + 1) * 2 * nb],
+                        &mut u[i * nb..(i + 1) * nb],
+                    );
                 }
-            }
-            let parts = parts.into_inner().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = pool {
-                p.run(&|t, _| {
-                    let mut g = parts[t].lock().unwrap_or_else(|p| p.into_inner());
-                    let (t0, n, ref mut q, ref mut d, ref mut s, ref mut u) = *g;
-                    for i in 0..n {
-                        quant(
-                            t0 + i,
-                            &mut q[i * k..(i + 1) * k],
-                            &mut d[i * nb..(i + 1) * nb],
-                            &mut s[i * 2 * nb..(i + 1) * 2 * nb],
-                            &mut u[i * nb..(i + 1) * nb],
-                        );
-                    }
-                });
-            }
+            });
         } else {
             for t in 0..n_tokens {
                 quant(

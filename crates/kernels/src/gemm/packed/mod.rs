@@ -899,35 +899,19 @@ fn fill_panels(
     f: &ReadPanel<'_, ()>,
 ) -> Result<(), ()> {
     let n_panels = data.len() / pb;
-    let bytes = data;
-    let nt = pool.map_or(1, ThreadPool::n_threads);
-    let chunks: Vec<std::sync::Mutex<(usize, &mut [u8])>> = {
-        let mut out = Vec::with_capacity(nt);
-        let mut rest = bytes;
-        let mut p0 = 0;
-        for t in 0..nt {
-            let r = crate::pool::split_range(n_panels, 1, t, nt);
-            let (a, b) = std::mem::take(&mut rest).split_at_mut(r.len() * pb);
-            rest = b;
-            out.push(std::sync::Mutex::new((p0, a)));
-            p0 += r.len();
-        }
-        out
-    };
     let failed = std::sync::atomic::AtomicBool::new(false);
-    let work = |t: usize, _nt: usize| {
-        let mut g = chunks[t].lock().unwrap_or_else(|p| p.into_inner());
-        let (p0, ref mut buf) = *g;
-        for (i, dst) in buf.chunks_exact_mut(pb).enumerate() {
-            if failed.load(std::sync::atomic::Ordering::Relaxed) || f(p0 + i, dst).is_err() {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                return;
-            }
+    let work = |p: usize, dst: &mut [u8]| {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) || f(p, dst).is_err() {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
     match pool {
-        Some(p) if nt > 1 => p.run(&work),
-        _ => work(0, 1),
+        // One panel per chunk, handed out over the pool.
+        Some(p) if p.n_threads() > 1 => p.for_each_chunk_mut(&mut data[..n_panels * pb], pb, &work),
+        _ => data
+            .chunks_exact_mut(pb)
+            .enumerate()
+            .for_each(|(p, dst)| work(p, dst)),
     }
     if failed.into_inner() { Err(()) } else { Ok(()) }
 }
