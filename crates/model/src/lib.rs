@@ -12,6 +12,7 @@
 pub mod backend;
 pub mod config;
 pub mod decoder;
+pub mod embed;
 pub mod error;
 pub mod family;
 pub mod params;
