@@ -19,6 +19,10 @@ use crate::backend::profile::weight_class;
 use crate::backend::reference::HostAct;
 use crate::error::ModelError;
 
+/// `f(i, rows, out)` of [`CpuBackend::row_split`]: matrix `i`'s rows `rows` for every token
+/// into `out` (`[n_tokens, rows.len()]`).
+type RowFn<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) -> Result<(), ModelError> + Sync + 'a;
+
 /// One task of a row split: rows `rows` of matrix `i` (and, fused, of matrix `i + 1`) and
 /// where they go: straight into the outputs for one token, a `[n_tokens, rows.len()]` buffer
 /// for several.
@@ -42,7 +46,7 @@ impl CpuBackend {
         n_tokens: usize,
         align: usize,
         swiglu: bool,
-        f: &(dyn Fn(usize, Range<usize>, &mut [f32]) -> Result<(), ModelError> + Sync),
+        f: &RowFn<'_>,
     ) -> Result<(), ModelError> {
         let nt = self.pool.n_threads();
         let fuse = swiglu && n_tokens == 1 && ws.len() == 2 && ws[0].rows == ws[1].rows;
