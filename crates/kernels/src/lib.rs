@@ -12,3 +12,4 @@ pub mod gemm;
 pub mod pool;
 pub mod quantdot;
 pub mod reference;
+pub mod settings;

@@ -218,6 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_ctx: Some(n_ctx),
         backend: args.backend.kind(args.reference, Some(threads))?,
         no_repack: args.backend.no_repack,
+        kernel: super::kernel_settings()?,
         ..Default::default()
     };
     let t_load = Instant::now();

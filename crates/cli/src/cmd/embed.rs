@@ -51,6 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = LoadOptions {
         backend: args.backend.kind(args.reference, None)?,
         no_repack: args.backend.no_repack,
+        kernel: super::kernel_settings()?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

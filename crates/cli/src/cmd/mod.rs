@@ -67,6 +67,23 @@ pub struct BackendArg {
     pub no_repack: bool,
 }
 
+/// The CPU kernel settings given by the `DAMASCUS_*` variables (table in ARCHITECTURE.md),
+/// read once per process and installed process-wide (ISA level, prefetch, AMX knobs).
+pub fn kernel_settings() -> anyhow::Result<damascus_kernels::settings::KernelSettings> {
+    use damascus_kernels::settings::KernelSettings;
+    static SETTINGS: std::sync::OnceLock<Result<KernelSettings, String>> =
+        std::sync::OnceLock::new();
+    SETTINGS
+        .get_or_init(|| {
+            let s =
+                KernelSettings::from_vars(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+            s.install().map_err(|e| e.to_string())?;
+            Ok(s)
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
 impl BackendArg {
     /// The backend to load: `reference` and `threads` select among the CPU ones.
     pub fn kind(&self, reference: bool, threads: Option<usize>) -> anyhow::Result<BackendKind> {
