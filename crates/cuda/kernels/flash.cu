@@ -10,8 +10,9 @@
 // visible position are never loaded (causal tiles skipped), and a warp skips the tiles none of
 // its rows see. Online softmax in base 2 (q pre-scaled by scale * log2 e), P kept in
 // registers as the A operand of P·V (the S accumulator's layout is the A fragment's), V read
-// with ldmatrix.trans. Dynamic shared memory: Q [FA_ROWS][D + 8], K and V [BK][D + 8] f16
-// (rows padded by 16 bytes: conflict-free fragment loads). The heaviest (last) row tiles run
+// with ldmatrix.trans. Dynamic shared memory: Q [FA_ROWS][D + 8], and two buffers of K and V
+// [BK][D + 8] f16 (rows padded by 16 bytes: conflict-free fragment loads), the next tile
+// streaming in with cp.async while this one is computed. The heaviest (last) row tiles run
 // first.
 
 #define FA_WARPS 4
@@ -43,6 +44,19 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
                  : "r"(a));
 }
 
+// 16 bytes global -> shared without registers (zero-filled when !ok), then commit / wait.
+__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, bool ok) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 template <int D, int BK>
 __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const u16* vc,
                                            const u32* inputs, float* out, int n_tok,
@@ -52,8 +66,7 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
     const int NT = D / 8;  // output n-tiles
     const int ST = BK / 8;  // score n-tiles
     u16* sQ = (u16*)fa_smem;
-    u16* sK = sQ + FA_ROWS * S;
-    u16* sV = sK + BK * S;
+    u16* sK = sQ + FA_ROWS * S;  // [2][K, V][BK][S]
     int kvh = blockIdx.x;
     int R0 = (gridDim.y - 1 - blockIdx.y) * FA_ROWS;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -97,21 +110,36 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
     _Pragma("unroll") for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    for (int kt0 = p_lo - p_lo % BK; kt0 <= p_hi; kt0 += BK) {
-        __syncthreads();  // Q is stored / the last tile is consumed
+    // K/V tiles double-buffered: tile i + 1 streams in (cp.async) while tile i is computed.
+    auto load = [&](int kt0, int buf) {
+        u16* dk = sK + buf * 2 * BK * S;
+        u16* dv = dk + BK * S;
         for (int i = tid; i < BK * (D / 8); i += FA_THREADS) {
             int r = i / (D / 8), c = (i % (D / 8)) * 8;
             int p = kt0 + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p <= p_hi) {
-                kv = *(const uint4*)(kb + (u64)p * D + c);
-                vv = *(const uint4*)(vb + (u64)p * D + c);
-            }
-            *(uint4*)(sK + r * S + c) = kv;
-            *(uint4*)(sV + r * S + c) = vv;
+            bool ok = p <= p_hi;
+            u64 off = (u64)(ok ? p : 0) * D + c;
+            cp_async16(dk + r * S + c, kb + off, ok);
+            cp_async16(dv + r * S + c, vb + off, ok);
         }
-        __syncthreads();
-        if (kt0 > w_hi || kt0 + BK <= w_lo) continue;
+        cp_async_commit();
+    };
+    int kt_first = p_lo - p_lo % BK;
+    load(kt_first, 0);
+    for (int kt0 = kt_first, it = 0; kt0 <= p_hi; kt0 += BK, it++) {
+        if (kt0 + BK <= p_hi) {
+            load(kt0 + BK, (it + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile `it` (and Q) visible to every warp
+        const u16* tK = sK + (it & 1) * 2 * BK * S;
+        const u16* tV = tK + BK * S;
+        if (kt0 > w_hi || kt0 + BK <= w_lo) {
+            __syncthreads();  // the buffer is refilled next iteration
+            continue;
+        }
 
         float s[ST][4];
         _Pragma("unroll") for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -120,7 +148,7 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
             u32 a[4] = {*(const u32*)qa, *(const u32*)(qa + 8 * S), *(const u32*)(qa + 8),
                         *(const u32*)(qa + 8 * S + 8)};
             _Pragma("unroll") for (int n = 0; n < ST; n++) {
-                const u16* kp = sK + (n * 8 + gid) * S + kk + tig * 2;
+                const u16* kp = tK + (n * 8 + gid) * S + kk + tig * 2;
                 u32 b[2] = {*(const u32*)kp, *(const u32*)(kp + 8)};
                 mma_f16(s[n], a, b);
             }
@@ -163,7 +191,7 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
             u32 a[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
                         pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                         pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            const u16* vrow = sV + (kk * 16 + (lane & 15)) * S + (lane >> 4) * 8;
+            const u16* vrow = tV + (kk * 16 + (lane & 15)) * S + (lane >> 4) * 8;
             _Pragma("unroll") for (int n = 0; n < NT; n += 2) {
                 u32 b[4];
                 ldsm_x4_t(b, vrow + n * 8);
@@ -171,6 +199,7 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
                 mma_f16(o[n + 1], a, b + 2);
             }
         }
+        __syncthreads();  // the buffer is refilled next iteration
     }
 
     _Pragma("unroll") for (int r = 0; r < 2; r++) {

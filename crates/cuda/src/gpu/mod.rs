@@ -51,8 +51,6 @@ pub const SOURCE: &str = concat!(
 /// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
-/// Most dynamic shared memory a kernel is allowed (the flash attention's tiles).
-const MAX_DYN_SMEM: i32 = 100 * 1024;
 /// Decode graphs kept per device (one per live sequence, in practice).
 const MAX_GRAPHS: usize = 16;
 
@@ -75,6 +73,8 @@ pub struct Gpu {
     mmq_enabled: AtomicBool,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
+    /// The device gave every flash kernel its shared memory.
+    flash_ok: bool,
     /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
@@ -215,14 +215,19 @@ impl Gpu {
             .map_err(call("loading the kernels"))?;
         let mut funcs = Vec::with_capacity(KERNELS.len());
         let mut index = HashMap::new();
+        let mut flash_ok = true;
         for (i, &k) in KERNELS.iter().enumerate() {
             let f = module.load_function(k).map_err(call(k))?;
-            if k.starts_with("attn_flash") {
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    MAX_DYN_SMEM,
-                )
-                .map_err(call("allowing the flash attention its shared memory"))?;
+            if let Some(d) = k.strip_prefix("attn_flash_") {
+                // A device that cannot give the tiles their shared memory runs the CUDA-core
+                // prompt attention instead.
+                let smem = d.parse().map_or(0, attention::flash_smem);
+                flash_ok &= f
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .is_ok();
             }
             funcs.push(f);
             index.insert(k, i);
@@ -232,7 +237,8 @@ impl Gpu {
         let graphs_enabled =
             !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let mmq_enabled = std::env::var("DAMASCUS_CUDA_MMQ").is_ok_and(|v| v == "1");
-        let flash_enabled = std::env::var("DAMASCUS_CUDA_FLASH").map_or(true, |v| v != "0");
+        let flash_enabled =
+            flash_ok && std::env::var("DAMASCUS_CUDA_FLASH").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
             _ctx: ctx,
             stream,
@@ -243,6 +249,7 @@ impl Gpu {
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
             flash_enabled: AtomicBool::new(flash_enabled),
+            flash_ok,
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,

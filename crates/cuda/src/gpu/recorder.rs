@@ -130,9 +130,11 @@ impl Gpu {
     }
 
     /// Turns the tensor-core prompt attention on or off (`DAMASCUS_CUDA_FLASH=0` starts with
-    /// it off; the CUDA-core kernel runs instead).
+    /// it off; the CUDA-core kernel runs instead). Stays off on a device that cannot give the
+    /// flash kernels their shared memory.
     pub fn set_flash(&self, on: bool) {
-        self.flash_enabled.store(on, Ordering::Relaxed);
+        self.flash_enabled
+            .store(on && self.flash_ok, Ordering::Relaxed);
     }
 
     /// Ends a forward pass: runs what was recorded (as a graph when it can).
