@@ -1,4 +1,4 @@
-//! Tests of [`LlamaConfig`] on in-memory GGUF files built with [`GgufWriter`].
+//! Tests of [`ModelConfig`] on in-memory GGUF files built with [`GgufWriter`].
 
 use damascus_gguf::keys::{self, tensors as tn};
 use damascus_gguf::{Array, GgmlType, GgufFile, GgufWriter, Metadata, Value};
@@ -97,15 +97,15 @@ impl Tiny {
         GgufFile::from_bytes(bytes).unwrap()
     }
 
-    fn config(&self) -> Result<LlamaConfig, ModelError> {
+    fn config(&self) -> Result<ModelConfig, ModelError> {
         let f = self.build();
-        let c = LlamaConfig::from_gguf(&f)?;
+        let c = ModelConfig::from_gguf(&f)?;
         c.check_tensors(&f)?;
         Ok(c)
     }
 }
 
-fn err_text(r: Result<LlamaConfig, ModelError>) -> String {
+fn err_text(r: Result<ModelConfig, ModelError>) -> String {
     r.expect_err("expected an error").to_string()
 }
 
@@ -338,7 +338,7 @@ fn llama32_3b_metadata() {
     set(llama(keys::VOCAB_SIZE), Value::U32(128_256));
     set(llama(keys::ROPE_DIMENSION_COUNT), Value::U32(128));
     let c =
-        LlamaConfig::from_metadata(&md, |n| n == tn::ROPE_FREQS || n == tn::TOKEN_EMBD).unwrap();
+        ModelConfig::from_metadata(&md, |n| n == tn::ROPE_FREQS || n == tn::TOKEN_EMBD).unwrap();
     assert_eq!(
         (
             c.n_layer,
