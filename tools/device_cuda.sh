@@ -31,12 +31,15 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 { nvidia-smi; echo; "$D/cuda/damascus" --device-info; } > "$OUT/device.txt" 2>&1
+# Test binaries name their fixtures by the build machine's absolute path.
+[ -d /work/wt/cuda ] || { mkdir -p /work/wt && ln -s "$PWD" /work/wt/cuda; }
+export PATH=/usr/local/cuda/bin:$PATH
 if [ "${SKIP_LLAMA:-0}" != 1 ] && [ "${TESTS_ONLY:-0}" != 1 ]; then
   (tar xzf "$D/llama.tgz" -C /tmp && cd /tmp/llama.cpp &&
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF >/tmp/cm.log 2>&1 &&
-    cmake --build build -j16 --target llama-bench >/tmp/lb.log 2>&1; echo "llama build rc=$? at ${SECONDS}s" >> "$OUT/llama-build.txt") &
+      -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/tmp/cm.log 2>&1 &&
+    cmake --build build -j16 --target llama-bench >/tmp/lb.log 2>&1; echo "llama build rc=$? at ${SECONDS}s" >> "$OUT/llama-build.txt"; tail -25 /tmp/cm.log /tmp/lb.log >> "$OUT/llama-build.txt" 2>&1) &
 fi
 cd /tmp
 : > "$OUT/tests.txt"
@@ -49,6 +52,7 @@ echo "tests done at ${SECONDS}s"
 [ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 "$D/cuda/damascus" synth --shape llama-3.2-3b --type Q4_K_M /tmp/l3b.gguf 2>&1 | tail -1
 "$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen.txt" 2>&1
+DAMASCUS_CUDA_FLASH=0 "$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen-noflash.txt" 2>&1
 "$D/cuda/damascus" generate -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen-cpu.txt" 2>&1 &
 if [ "${PROFILE:-0}" = 1 ]; then
   DAMASCUS_CUDA_PROFILE=1 "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p 0 -n 16 -d 16384 -r 1 > "$OUT/profile-tg-d16k.txt" 2>&1
@@ -56,6 +60,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
   echo "profiles done at ${SECONDS}s"
 fi
 wait
+python3 "$D/tools/near_tie.py" "$D/cuda/damascus" /tmp/l3b.gguf "The capital of France is" "$OUT/gen.txt" "$OUT/gen-cpu.txt" > "$OUT/near-tie.txt" 2>&1
 LB=/tmp/llama.cpp/build/bin/llama-bench
 cd "$OLDPWD"
 if [ -x "$LB" ]; then
