@@ -21,6 +21,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -56,6 +57,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per", type=int, default=2, help="runs per engine invocation")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--budget", type=float, default=1e9,
+                    help="seconds: start no round that would not end inside this")
     args = ap.parse_args()
     groups = [g.split("/") for g in args.groups.split()]
     tests = []
@@ -64,17 +67,29 @@ def main() -> int:
             tests += [(int(pp), 0, int(dd)) for pp in p.split(",") if int(pp) > 0]
             tests += [(0, int(nn), int(dd)) for nn in n.split(",") if int(nn) > 0]
     samples: dict[str, dict[str, list[float]]] = {"damascus": {}, "llama.cpp": {}}
+    build = "?"
+    t_start = time.monotonic()
+    t_round = 0.0
+    rounds_done = 0
     for r in range(args.rounds):
+        if time.monotonic() - t_start + t_round > args.budget:
+            print(f"stopping after {r} rounds: out of time", file=sys.stderr)
+            break
+        t0 = time.monotonic()
         for p, n, d in groups:
             common = ["-m", args.model, "-p", p, "-n", n, "-d", d, "-r", str(args.per)]
             d = run([args.damascus, "bench", "--backend", "cuda", "--json", *common], args.timeout)
             ll = run([args.llama_bench, "-ngl", "99", "-fa", "1", "-o", "json", *common],
                      args.timeout)
+            for t in ll[:1]:
+                build = f"{t.get('build_commit', '?')} (build {t.get('build_number', '?')})"
             for eng, rows in (("damascus", d), ("llama.cpp", ll)):
                 for t in rows:
                     k = key(t["n_prompt"], t["n_gen"], t.get("n_depth", 0))
                     samples[eng].setdefault(k, []).extend(t["samples_ts"])
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        t_round = time.monotonic() - t0
+        rounds_done = r + 1
+        print(f"round {r + 1}/{args.rounds} done in {t_round:.0f} s", file=sys.stderr, flush=True)
     print("| test | Damascus t/s median (p5–p95) | llama.cpp t/s median (p5–p95) | ratio | p5–p95 apart |")
     print("| --- | ---: | ---: | ---: | --- |")
     for n_prompt, n_gen, depth in tests:
@@ -88,7 +103,8 @@ def main() -> int:
         print(f"| {k} | {ma:,.1f} ({quantile(a, 0.05):,.1f}–{quantile(a, 0.95):,.1f}) "
               f"| {mb:,.1f} ({quantile(b, 0.05):,.1f}–{quantile(b, 0.95):,.1f}) "
               f"| {ma / mb:.2f}× | {'yes' if apart else 'no'} |")
-    print(f"\n{args.rounds} rounds x {args.per} runs per engine and test, engines alternating.")
+    print(f"\n{rounds_done} rounds x {args.per} runs per engine and test, engines alternating; "
+          f"llama.cpp {build}.")
     return 0
 
 

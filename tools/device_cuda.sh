@@ -39,7 +39,7 @@ if [ "${SKIP_LLAMA:-0}" != 1 ] && [ "${TESTS_ONLY:-0}" != 1 ]; then
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/tmp/cm.log 2>&1 &&
-    cmake --build build -j16 --target llama-bench >/tmp/lb.log 2>&1; echo "llama build rc=$? at ${SECONDS}s" >> "$OUT/llama-build.txt"; tail -25 /tmp/cm.log /tmp/lb.log >> "$OUT/llama-build.txt" 2>&1) &
+    cmake --build build -j16 --target llama-bench >/tmp/lb.log 2>&1; echo "llama build rc=$? at ${SECONDS}s" >> "$OUT/llama-build.txt"; tail -n 25 /tmp/cm.log /tmp/lb.log >> "$OUT/llama-build.txt" 2>&1) &
 fi
 cd /tmp
 : > "$OUT/tests.txt"
@@ -51,23 +51,24 @@ grep -h "^== \|test result\|panicked\|FAILED\|^rc=" "$OUT/tests.txt"
 echo "tests done at ${SECONDS}s"
 [ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 "$D/cuda/damascus" synth --shape llama-3.2-3b --type Q4_K_M /tmp/l3b.gguf 2>&1 | tail -1
-"$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen.txt" 2>&1
-DAMASCUS_CUDA_FLASH=0 "$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen-noflash.txt" 2>&1
-"$D/cuda/damascus" generate -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > "$OUT/gen-cpu.txt" 2>&1 &
+"$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > /tmp/gen.txt 2>&1
+DAMASCUS_CUDA_FLASH=0 "$D/cuda/damascus" generate --backend cuda -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > /tmp/gen-noflash.txt 2>&1
+"$D/cuda/damascus" generate -m /tmp/l3b.gguf -p "The capital of France is" -n 16 --temp 0 > /tmp/gen-cpu.txt 2>&1 &
 if [ "${PROFILE:-0}" = 1 ]; then
-  DAMASCUS_CUDA_PROFILE=1 "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p 0 -n 16 -d 16384 -r 1 > "$OUT/profile-tg-d16k.txt" 2>&1
-  DAMASCUS_CUDA_PROFILE=1 "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p 2048 -n 0 -r 1 > "$OUT/profile-pp2k.txt" 2>&1
+  DAMASCUS_CUDA_PROFILE=1 "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p 0 -n 16 -d 16384 -r 1 > "$OUT/profile.txt" 2>&1
+  DAMASCUS_CUDA_PROFILE=1 "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p 2048 -n 0 -r 1 >> "$OUT/profile.txt" 2>&1
   echo "profiles done at ${SECONDS}s"
 fi
 wait
-python3 "$D/tools/near_tie.py" "$D/cuda/damascus" /tmp/l3b.gguf "The capital of France is" "$OUT/gen.txt" "$OUT/gen-cpu.txt" > "$OUT/near-tie.txt" 2>&1
+for f in gen gen-noflash gen-cpu; do echo "== $f"; cat /tmp/$f.txt; done > "$OUT/gen.txt"
+python3 "$D/tools/near_tie.py" "$D/cuda/damascus" /tmp/l3b.gguf "The capital of France is" /tmp/gen.txt /tmp/gen-cpu.txt >> "$OUT/gen.txt" 2>&1
 LB=/tmp/llama.cpp/build/bin/llama-bench
 cd "$OLDPWD"
 if [ -x "$LB" ]; then
-  timeout $((570 - SECONDS)) python3 "$D/tools/bench_cuda_compare.py" -m /tmp/l3b.gguf --damascus "$D/cuda/damascus" \
+  timeout $((580 - SECONDS)) python3 "$D/tools/bench_cuda_compare.py" -m /tmp/l3b.gguf --damascus "$D/cuda/damascus" \
+    --budget $((560 - SECONDS)) \
     --llama-bench "$LB" --groups "$GROUPS_" --rounds "$ROUNDS" --per "$PER" 2>&1 | tee "$OUT/compare.md"
 else
-  tail -20 /tmp/lb.log > "$OUT/llama-build-log.txt" 2>/dev/null
   for t in $GROUPS_; do
     IFS=/ read -r p n d <<< "$t"
     [ "$SECONDS" -lt 540 ] && "$D/cuda/damascus" bench --backend cuda -m /tmp/l3b.gguf -p "$p" -n "$n" -d "$d" -r 3 2>&1 | grep "^| l3b" | tee -a "$OUT/damascus-only.md"

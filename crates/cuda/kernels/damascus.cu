@@ -651,9 +651,9 @@ __device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], 
 // and writes an unnormalized partial (m, l, o[D]) per query head; `attn_combine` merges the
 // active splits (those that hold a visible position; the rest return at once).
 // Scores: ATT_THREADS / 32 threads per position, 32 positions at a time, each thread a slice
-// of the dims. Softmax: a warp per query head. Values: D / 8 threads per position, each 8 dims
-// (one 16-byte load), ATT_THREADS * 8 / D positions at a time; a warp's positions are summed
-// with shuffles, the warps' sums with shared-memory atomics.
+// of the dims. Softmax: a warp per query head. Values: a thread per two dims (one 4-byte load),
+// position groups of 2 * ATT_THREADS / D threads summed in a fixed order through shared memory
+// (deterministic: a graph replay gives the eager launch's bits).
 // part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
 template <int D, int G>
 __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
@@ -661,8 +661,7 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
                            int chunk, float scale, int window, float* sm) {
     const int TPP = ATT_THREADS / 32;  // threads per position (scores)
     const int DPT = D / TPP;           // dims per thread (scores)
-    const int TPR = D / 8;             // threads per position (values)
-    const int NPV = ATT_THREADS / TPR; // positions at a time (values)
+    const int NPG = 2 * ATT_THREADS / D;  // position groups (values)
     int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
     int n_pos = inputs[0] + 1;
     int lo = att_lo(n_pos - 1, window);
@@ -672,11 +671,8 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
     int skip = max(0, lo - p0);  // leading positions outside the window
     float(*qs)[D] = (float(*)[D])sm;                                   // [G][D]
     float(*sc)[ATT_CHUNK_MAX] = (float(*)[ATT_CHUNK_MAX])(sm + G * D);  // [G][ATT_CHUNK_MAX]
-    float(*po)[D] = (float(*)[D])(sm + G * (D + ATT_CHUNK_MAX));        // [G][D]
-    for (int i = tid; i < G * D; i += ATT_THREADS) {
-        qs[i / D][i % D] = q[kvh * G * D + i] * scale;
-        po[i / D][i % D] = 0.0f;
-    }
+    float(*po)[G][D] = (float(*)[G][D])(sm + G * (D + ATT_CHUNK_MAX));  // [NPG][G][D]
+    for (int i = tid; i < G * D; i += ATT_THREADS) qs[i / D][i % D] = q[kvh * G * D + i] * scale;
     __syncthreads();
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
@@ -721,32 +717,29 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
         if (lane == 0) part_ml[(kvh * G + g) * n_split + split] = make_float2(m, l);
     }
     __syncthreads();
-    int vd = (tid % TPR) * 8, vp = tid / TPR;
-    float o[G][8];
-    _Pragma("unroll") for (int g = 0; g < G; g++)
-        _Pragma("unroll") for (int j = 0; j < 8; j++) o[g][j] = 0.0f;
-    _Pragma("unroll 2") for (int p = skip + vp; p < n_here; p += NPV) {
-        uint4 vv = *(const uint4*)(vb + (u64)(p0 + p) * D + vd);
-        u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
-        float vf[8];
-        _Pragma("unroll") for (int j = 0; j < 4; j++) {
-            vf[2 * j] = h2f((u16)(vw[j] & 0xFFFF));
-            vf[2 * j + 1] = h2f((u16)(vw[j] >> 16));
-        }
+    int d = (tid % (D / 2)) * 2, pg = tid / (D / 2);
+    float o0[G], o1[G];
+    _Pragma("unroll") for (int g = 0; g < G; g++) o0[g] = o1[g] = 0.0f;
+    _Pragma("unroll 4") for (int p = skip + pg; p < n_here; p += NPG) {
+        u32 vw = *(const u32*)(vb + (u64)(p0 + p) * D + d);
+        float v0 = h2f((u16)(vw & 0xFFFF)), v1 = h2f((u16)(vw >> 16));
         _Pragma("unroll") for (int g = 0; g < G; g++) {
             float e = sc[g][p];
-            _Pragma("unroll") for (int j = 0; j < 8; j++) o[g][j] += e * vf[j];
+            o0[g] += e * v0;
+            o1[g] += e * v1;
         }
     }
-    _Pragma("unroll") for (int g = 0; g < G; g++)
-        _Pragma("unroll") for (int j = 0; j < 8; j++) {
-            float v = o[g][j];
-            for (int off = TPR; off < 32; off <<= 1) v += __shfl_xor_sync(FULL, v, off);
-            if ((tid & 31) < TPR) atomicAdd(&po[g][vd + j], v);
-        }
+    _Pragma("unroll") for (int g = 0; g < G; g++) {
+        po[pg][g][d] = o0[g];
+        po[pg][g][d + 1] = o1[g];
+    }
     __syncthreads();
-    for (int i = tid; i < G * D; i += ATT_THREADS)
-        part_o[((u64)(kvh * G + i / D) * n_split + split) * D + i % D] = po[i / D][i % D];
+    for (int i = tid; i < G * D; i += ATT_THREADS) {
+        int g = i / D, dd = i % D;
+        float r = 0.0f;
+        _Pragma("unroll") for (int j = 0; j < NPG; j++) r += po[j][g][dd];
+        part_o[((u64)(kvh * G + g) * n_split + split) * D + dd] = r;
+    }
 }
 
 // Merges the active splits of `attn_split` into out [n_head * D] (and its q8 shadow when
@@ -858,7 +851,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                                               float2* part_ml, int n_head, int group,          \
                                               int n_ctx, int n_split, int chunk, float scale,  \
                                               int window) {                                    \
-        __shared__ float sm[MAX_GROUP * (2 * D + ATT_CHUNK_MAX)];                              \
+        __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         ATT_GROUPS(SPLIT_##D)                                                                  \
     }                                                                                          \
     extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \

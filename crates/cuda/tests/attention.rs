@@ -252,7 +252,7 @@ fn decode_at_depth_matches_host() {
     let Some(g) = gpu() else { return };
     let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     g.set_flash(true);
-    // Depth 16500 takes 128-position splits, 9000 64 and 4100 32; a window at depth too.
+    // Depth 16500 takes 256-position splits, 9000 128 and 4100 64; a window at depth too.
     for (n_head, n_kv, hd, window) in [(4usize, 2usize, 128usize, 0usize), (2, 1, 64, 3000)] {
         let depth = 16500;
         let total = depth + 8;
@@ -281,7 +281,7 @@ fn decode_at_depth_matches_host() {
             let got = c.run(&g, &kv, pos, 1);
             c.check(&got, pos, 0..1, F32_TOL, "deep decode");
         }
-        assert_eq!(decode_chunk(depth + 1), 128);
+        assert_eq!(decode_chunk(depth + 1), 256);
         // And decodes at shallower depths (shorter splits) over the same cache prefix.
         for pos in [9000, 4100] {
             let got = c.run(&g, &kv, pos, 1);

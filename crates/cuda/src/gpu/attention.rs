@@ -32,11 +32,11 @@ pub struct AttnParams {
 }
 
 /// Positions per decode split for `n_pos` cached positions: at least [`ATT_CHUNK_MIN`], a
-/// power of two, growing with the depth so there stay about 128 splits per KV head (enough
-/// blocks to fill the device twice over; fewer, longer splits waste less on per-block setup
-/// and on the combine).
+/// power of two, growing with the depth so there stay about 64 splits per KV head (enough
+/// blocks to fill the device; fewer, longer splits waste less on per-block setup and on the
+/// combine).
 pub fn decode_chunk(n_pos: usize) -> usize {
-    (n_pos / 128)
+    (n_pos / 64)
         .next_power_of_two()
         .clamp(ATT_CHUNK_MIN, ATT_CHUNK_MAX)
 }
@@ -300,10 +300,10 @@ mod tests {
     #[test]
     fn decode_chunk_grows_with_depth_within_bounds() {
         assert_eq!(decode_chunk(1), 32);
-        assert_eq!(decode_chunk(4096), 32);
-        assert_eq!(decode_chunk(8193), 64);
-        assert_eq!(decode_chunk(16385), 128);
-        assert_eq!(decode_chunk(32769), 256);
+        assert_eq!(decode_chunk(2048), 32);
+        assert_eq!(decode_chunk(4097), 64);
+        assert_eq!(decode_chunk(8193), 128);
+        assert_eq!(decode_chunk(16385), 256);
         assert_eq!(decode_chunk(1 << 20), 256);
         for n in [1, 33, 1000, 5000, 70000] {
             assert!(decode_chunk(n).is_power_of_two());

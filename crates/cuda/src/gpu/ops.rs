@@ -477,7 +477,7 @@ impl Gpu {
 
     /// `x = cap * tanh(x / cap)` (logit soft-capping); `cap` must be positive.
     pub fn softcap(&self, x: &DevAct, cap: f32) -> Result<(), CudaError> {
-        if !(cap > 0.0) {
+        if cap.is_nan() || cap <= 0.0 {
             return Err(CudaError::Shape(format!("softcap: cap {cap}")));
         }
         let n = x.n * x.width;
