@@ -95,8 +95,10 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
-// 0). Grid (ceil(width / blockDim.x), n_tok): every block sums the squares of its token's whole
-// row (L2-resident, strided by blockDim.x), then each warp scales one 32-element chunk.
+// 0). Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
+// (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
+// (chunk b goes to block (b / warps) % blocks). Decode spreads one token over several blocks;
+// a prompt gives each token one block (no row read more than twice).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
                                     i8* q, float2* ds, int width, int do_q) {
     __shared__ float red[32];
@@ -115,12 +117,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
     }
     __syncthreads();
     float scale = 1.0f / sqrtf(red[0] / (float)width + eps);
-    int b = blockIdx.x * nw + warp;
-    if (b * 32 >= width) return;
-    int i = b * 32 + lane;
-    float v = i < width ? xr[i] * scale * w[i] : 0.0f;
-    if (i < width) out[(u64)t * width + i] = v;
-    if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+    for (int b = blockIdx.x * nw + warp; b * 32 < width; b += gridDim.x * nw) {
+        int i = b * 32 + lane;
+        float v = i < width ? xr[i] * scale * w[i] : 0.0f;
+        if (i < width) out[(u64)t * width + i] = v;
+        if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+    }
 }
 
 // gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp

@@ -134,7 +134,16 @@ impl Gpu {
                 width: x.width as i32,
                 do_q: out.q.is_some(),
             },
-            [div_ceil_u32(x.width, 256), x.n as u32, 1],
+            // Decode: the row over several blocks; prompts: one block per token.
+            [
+                if x.n == 1 {
+                    div_ceil_u32(x.width, 256)
+                } else {
+                    1
+                },
+                x.n as u32,
+                1,
+            ],
             [256, 1, 1],
         );
         out.q_fresh.store(out.q.is_some(), Ordering::Relaxed);
