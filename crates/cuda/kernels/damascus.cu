@@ -661,8 +661,10 @@ template <int D, int G>
 __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
                            float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
                            int chunk, float scale, int window, float* sm) {
-    const int TPP = ATT_THREADS / 32;  // threads per position (scores)
-    const int DPT = D / TPP;           // dims per thread (scores)
+    // Scores: TPP threads per position, DPT (a multiple of 8) dims each, PPI positions at a time.
+    const int TPP = D % 64 == 0 ? 8 : (D % 32 == 0 ? 4 : 2);
+    const int DPT = D / TPP;
+    const int PPI = ATT_THREADS / TPP;
     const int NPG = 2 * ATT_THREADS / D;  // position groups (values)
     int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
     int n_pos = inputs[0] + 1;
@@ -679,7 +681,7 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
     int pl = tid / TPP, part = tid % TPP;
-    for (int c = 0; c < n_here; c += 32) {
+    for (int c = 0; c < n_here; c += PPI) {
         int pp = c + pl;
         float s[G];
         _Pragma("unroll") for (int g = 0; g < G; g++) s[g] = 0.0f;
@@ -719,10 +721,10 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
         if (lane == 0) part_ml[(kvh * G + g) * n_split + split] = make_float2(m, l);
     }
     __syncthreads();
-    int d = (tid % (D / 2)) * 2, pg = tid / (D / 2);
+    int d = (tid % (D / 2)) * 2, pg = tid / (D / 2);  // pg >= NPG: idle (D not a power of 2)
     float o0[G], o1[G];
     _Pragma("unroll") for (int g = 0; g < G; g++) o0[g] = o1[g] = 0.0f;
-    _Pragma("unroll 4") for (int p = skip + pg; p < n_here; p += NPG) {
+    _Pragma("unroll 4") for (int p = skip + pg; pg < NPG && p < n_here; p += NPG) {
         u32 vw = *(const u32*)(vb + (u64)(p0 + p) * D + d);
         float v0 = h2f((u16)(vw & 0xFFFF)), v1 = h2f((u16)(vw >> 16));
         _Pragma("unroll") for (int g = 0; g < G; g++) {
@@ -731,10 +733,11 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
             o1[g] += e * v1;
         }
     }
-    _Pragma("unroll") for (int g = 0; g < G; g++) {
-        po[pg][g][d] = o0[g];
-        po[pg][g][d + 1] = o1[g];
-    }
+    if (pg < NPG)
+        _Pragma("unroll") for (int g = 0; g < G; g++) {
+            po[pg][g][d] = o0[g];
+            po[pg][g][d + 1] = o1[g];
+        }
     __syncthreads();
     for (int i = tid; i < G * D; i += ATT_THREADS) {
         int g = i / D, dd = i % D;
@@ -782,7 +785,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                              float* out, int n_tok, int n_head, int n_ctx, float scale,
                              int window, float* sm) {
     const int group = G;
-    const int PER = D / 32;
+    const int PER = (D + 31) / 32;  // dims per lane (lanes past D idle when D < 32)
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int t = blockIdx.y * 4 + warp;
     int kvh = blockIdx.x;
@@ -793,6 +796,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         for (int i = lane; i < D; i += 32) qs[g][i] = qt[g * D + i] * scale;
     __syncwarp();
     int n_pos = inputs[0] + t + 1;
+    bool lane_ok = lane < D;
     int lo = att_lo(n_pos - 1, window);
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
@@ -824,13 +828,15 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                 float ej = __shfl_sync(FULL, e, j);
                 if (ej == 0.0f) continue;
                 const u16* vr = vb + (u64)(p0 + j) * D;
-                for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
+                if (lane_ok)
+                    for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
             }
         }
     }
     float* ot = out + ((u64)t * n_head + kvh * group) * D;
     _Pragma("unroll") for (int g = 0; g < group; g++)
-        for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
+        if (lane_ok)
+            for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
 }
 
 #define ATT_GROUPS(CALL)                                                                       \
@@ -872,14 +878,23 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
 
 #define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm
 #define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm
+#define SPLIT_16(G) attn_split<16, G>(SPLIT_ARGS)
+#define SPLIT_32(G) attn_split<32, G>(SPLIT_ARGS)
+#define SPLIT_96(G) attn_split<96, G>(SPLIT_ARGS)
 #define SPLIT_64(G) attn_split<64, G>(SPLIT_ARGS)
 #define SPLIT_128(G) attn_split<128, G>(SPLIT_ARGS)
 #define SPLIT_256(G) attn_split<256, G>(SPLIT_ARGS)
+#define PREFILL_16(G) attn_prefill<16, G>(PREFILL_ARGS)
+#define PREFILL_32(G) attn_prefill<32, G>(PREFILL_ARGS)
+#define PREFILL_96(G) attn_prefill<96, G>(PREFILL_ARGS)
 #define PREFILL_64(G) attn_prefill<64, G>(PREFILL_ARGS)
 #define PREFILL_128(G) attn_prefill<128, G>(PREFILL_ARGS)
 #define PREFILL_256(G) attn_prefill<256, G>(PREFILL_ARGS)
 
+INSTANTIATE_ATTN(16)
+INSTANTIATE_ATTN(32)
 INSTANTIATE_ATTN(64)
+INSTANTIATE_ATTN(96)
 INSTANTIATE_ATTN(128)
 INSTANTIATE_ATTN(256)
 

@@ -223,6 +223,9 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
         attn_flash<D, BK>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx, scale, window); \
     }
 
+INSTANTIATE_FLASH(16, 64)
+INSTANTIATE_FLASH(32, 64)
 INSTANTIATE_FLASH(64, 64)
+INSTANTIATE_FLASH(96, 64)
 INSTANTIATE_FLASH(128, 64)
 INSTANTIATE_FLASH(256, 32)

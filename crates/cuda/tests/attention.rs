@@ -191,6 +191,9 @@ fn flash_prompt_matches_host_for_every_head_size_and_group() {
         (4, 4, 64),
         (4, 2, 256),
         (7, 7, 128),
+        (4, 2, 16),
+        (6, 2, 32),
+        (8, 4, 96),
     ] {
         // A 77-token prompt (tile tail), then a 130-token chunk after it (a prompt appended to
         // a cache that already holds positions), then 3 more tokens.
@@ -228,6 +231,9 @@ fn sliding_window_and_scale_override_match_host() {
         (2, 1, 256, 100, Some(0.2)),
         (3, 3, 64, 1, None),
         (4, 1, 128, 0, Some(0.05)),
+        (4, 2, 16, 16, None),
+        (4, 2, 32, 8, None),
+        (3, 1, 96, 20, None),
     ] {
         let params = AttnParams { scale, window };
         let total = 150 + 40;
@@ -253,7 +259,12 @@ fn decode_at_depth_matches_host() {
     let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     g.set_flash(true);
     // Depth 16500 takes 256-position splits, 9000 128 and 4100 64; a window at depth too.
-    for (n_head, n_kv, hd, window) in [(4usize, 2usize, 128usize, 0usize), (2, 1, 64, 3000)] {
+    for (n_head, n_kv, hd, window) in [
+        (4usize, 2usize, 128usize, 0usize),
+        (2, 1, 64, 3000),
+        (2, 1, 96, 0),
+        (4, 2, 32, 0),
+    ] {
         let depth = 16500;
         let total = depth + 8;
         let c = Case::new(

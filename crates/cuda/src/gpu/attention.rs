@@ -227,6 +227,9 @@ impl Gpu {
                 [n_kv as u32, n_split as u32, 1],
                 [ATT_THREADS, 1, 1],
             );
+            // The combine quantizes whole warps of one head: a head under 32 dims leaves the
+            // shadow stale (re-made from f32 by the next GEMV).
+            let do_q = out.q.is_some() && hd >= 32;
             let (oq, ods) = out.q8_ptrs();
             self.push(
                 AttnCombine {
@@ -239,13 +242,13 @@ impl Gpu {
                     ds: ods,
                     n_split: n_split as i32,
                     chunk: chunk as i32,
-                    do_q: out.q.is_some(),
+                    do_q,
                     window,
                 },
                 [n_head as u32, 1, 1],
                 [hd as u32, 1, 1],
             );
-            out.q_fresh.store(out.q.is_some(), Ordering::Relaxed);
+            out.q_fresh.store(do_q, Ordering::Relaxed);
             return Ok(());
         }
         if self.flash_enabled.load(Ordering::Relaxed) {

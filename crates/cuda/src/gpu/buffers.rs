@@ -222,7 +222,7 @@ impl Gpu {
     ) -> Result<DevKv, CudaError> {
         if launch::head_variant(head_dim).is_none() {
             return Err(CudaError::Shape(format!(
-                "CUDA attention supports head_dim 64, 128 and 256, not {head_dim}"
+                "CUDA attention supports head_dim 16, 32, 64, 96, 128 and 256, not {head_dim}"
             )));
         }
         if n_kv == 0 || !n_head.is_multiple_of(n_kv) || n_head / n_kv > MAX_GROUP {

@@ -157,24 +157,47 @@ pub(crate) const DEQUANT: [&str; 6] = [
 ];
 /// `mmq_<format>` for the formats that have one (not f16), likewise.
 pub(crate) const MMQ: [&str; 5] = ["mmq_q4k", "mmq_q41", "mmq_q80", "mmq_q50", "mmq_q6k"];
+/// Head sizes the attention kernels are instantiated for, in variant order.
+pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
 /// Decode attention, indexed by [`head_variant`].
-pub(crate) const ATTN_SPLIT: [&str; 3] = ["attn_split_64", "attn_split_128", "attn_split_256"];
-pub(crate) const ATTN_COMBINE: [&str; 3] =
-    ["attn_combine_64", "attn_combine_128", "attn_combine_256"];
-/// The CUDA-core prompt attention (kept for head sizes and shapes the flash kernel skips).
-pub(crate) const ATTN_PREFILL: [&str; 3] =
-    ["attn_prefill_64", "attn_prefill_128", "attn_prefill_256"];
+pub(crate) const ATTN_SPLIT: [&str; 6] = [
+    "attn_split_16",
+    "attn_split_32",
+    "attn_split_64",
+    "attn_split_96",
+    "attn_split_128",
+    "attn_split_256",
+];
+pub(crate) const ATTN_COMBINE: [&str; 6] = [
+    "attn_combine_16",
+    "attn_combine_32",
+    "attn_combine_64",
+    "attn_combine_96",
+    "attn_combine_128",
+    "attn_combine_256",
+];
+/// The CUDA-core prompt attention (the fallback when the flash path is off).
+pub(crate) const ATTN_PREFILL: [&str; 6] = [
+    "attn_prefill_16",
+    "attn_prefill_32",
+    "attn_prefill_64",
+    "attn_prefill_96",
+    "attn_prefill_128",
+    "attn_prefill_256",
+];
 /// The tensor-core flash prompt attention.
-pub(crate) const ATTN_FLASH: [&str; 3] = ["attn_flash_64", "attn_flash_128", "attn_flash_256"];
+pub(crate) const ATTN_FLASH: [&str; 6] = [
+    "attn_flash_16",
+    "attn_flash_32",
+    "attn_flash_64",
+    "attn_flash_96",
+    "attn_flash_128",
+    "attn_flash_256",
+];
 
-/// The variant of a per-head-size attention kernel (64, 128, 256), `None` for other sizes.
+/// The variant of a per-head-size attention kernel ([`HEAD_DIMS`]), `None` for other sizes.
 pub(crate) fn head_variant(head_dim: usize) -> Option<usize> {
-    match head_dim {
-        64 => Some(0),
-        128 => Some(1),
-        256 => Some(2),
-        _ => None,
-    }
+    HEAD_DIMS.iter().position(|&d| d == head_dim)
 }
 
 /// The MMQ variant for `format`, if it has one.
@@ -208,10 +231,22 @@ pub(crate) const KERNELS: &[&str] = &[
     "dequant_q50",
     "dequant_q6k",
     "dequant_f16",
+    "attn_split_16",
+    "attn_combine_16",
+    "attn_prefill_16",
+    "attn_flash_16",
+    "attn_split_32",
+    "attn_combine_32",
+    "attn_prefill_32",
+    "attn_flash_32",
     "attn_split_64",
     "attn_combine_64",
     "attn_prefill_64",
     "attn_flash_64",
+    "attn_split_96",
+    "attn_combine_96",
+    "attn_prefill_96",
+    "attn_flash_96",
     "attn_split_128",
     "attn_combine_128",
     "attn_prefill_128",
