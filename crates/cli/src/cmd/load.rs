@@ -57,20 +57,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(m) = &reference {
             j["reference"] = json!({ "matches": m.is_empty(), "mismatches": m });
         }
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?)?;
     } else {
-        print_text(&summary);
+        print_text(&summary)?;
         if let Some(m) = &reference {
             if m.is_empty() {
-                println!("config ✓ matches reference");
+                outln!("config ✓ matches reference")?;
             } else {
-                println!(
+                outln!(
                     "config ✗ {} mismatch{} with reference:",
                     m.len(),
                     if m.len() == 1 { "" } else { "es" }
-                );
+                )?;
                 for line in m {
-                    println!("  {line}");
+                    outln!("  {line}")?;
                 }
             }
         }
@@ -125,19 +125,21 @@ fn guess_file_type(file: &GgufFile) -> String {
         .unwrap_or_else(|| "unknown type".into())
 }
 
-fn print_text(s: &Summary) {
+fn print_text(s: &Summary) -> std::io::Result<()> {
     let c = &s.config;
-    println!(
+    outln!(
         "gguf v{} · {} · {}",
         s.version,
         s.file_type,
         human_bytes(s.file_size)
-    );
-    println!(
+    )?;
+    outln!(
         "arch {} · {} layers · {} hidden",
-        c.arch, c.n_layer, c.n_embd
-    );
-    println!("ffn SwiGLU · {} · RMSNorm", c.n_ff);
+        c.arch,
+        c.n_layer,
+        c.n_embd
+    )?;
+    outln!("ffn SwiGLU · {} · RMSNorm", c.n_ff)?;
     let attn = if c.n_head_kv == c.n_head {
         "MHA"
     } else if c.n_head_kv == 1 {
@@ -145,16 +147,18 @@ fn print_text(s: &Summary) {
     } else {
         "GQA"
     };
-    println!(
+    outln!(
         "attn {attn} · {} heads / {} kv · head dim {}",
-        c.n_head, c.n_head_kv, c.head_dim
-    );
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim
+    )?;
     let head = if c.tied_embeddings {
         "tied embeddings"
     } else {
         "separate output"
     };
-    println!("vocab {} · {head}", group(c.n_vocab as u64));
+    outln!("vocab {} · {head}", group(c.n_vocab as u64))?;
     let mut rope = format!(
         "rope theta {} · dim {} · ctx {}",
         number(c.rope_theta),
@@ -168,14 +172,14 @@ fn print_text(s: &Summary) {
             number(sc.factor)
         ));
     }
-    println!("{rope}");
+    outln!("{rope}")?;
     if c.has_rope_freqs {
-        println!(
+        outln!(
             "llama3 rope factors (rope_freqs.weight, {} entries)",
             c.rope_dim / 2
-        );
+        )?;
     }
-    println!("loaded in {:.1}s · config ✓ consistent", s.seconds);
+    outln!("loaded in {:.1}s · config ✓ consistent", s.seconds)
 }
 
 fn to_json(s: &Summary) -> Json {

@@ -90,10 +90,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     if args.json {
         let out = serde_json::json!({ "ids": ids, "top": top });
-        println!("{out}");
+        outln!("{out}")?;
     } else {
         for c in &top {
-            println!("{:>6.2}%  {:?}", c.p * 100.0, c.piece);
+            outln!("{:>6.2}%  {:?}", c.p * 100.0, c.piece)?;
         }
     }
     Ok(())

@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    eprintln!(
+    errln!(
         "quantized {} tensors ({} converted, {} row-length fallbacks) to {}: {:.1} MiB -> {:.1} MiB, file {:.1} MiB, {:.1} s on {} threads",
         s.n_tensors,
         s.n_converted,
@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64(),
         threads
     );
-    println!("{}", args.output.display());
+    outln!("{}", args.output.display())?;
     Ok(())
 }
 
