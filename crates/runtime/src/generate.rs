@@ -375,7 +375,17 @@ impl<'a> Generator<'a> {
         }
         let id = match picked {
             Some(id) => id,
-            None => self.sampler.sample(&self.logits)?,
+            None => {
+                let n_nan = self.logits.iter().filter(|l| l.is_nan()).count();
+                if n_nan > 0 {
+                    self.phase = Phase::Finished;
+                    return Err(RuntimeError::NonFiniteLogits {
+                        n_nan,
+                        n_vocab: self.logits.len(),
+                    });
+                }
+                self.sampler.sample(&self.logits)?
+            }
         };
         self.sampler.accept(id);
         if self.ids.is_empty()

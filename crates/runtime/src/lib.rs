@@ -89,6 +89,17 @@ pub enum RuntimeError {
     /// An error of the tokenizer (bad id, template rendering).
     #[error(transparent)]
     Tokenizer(#[from] damascus_tokenizer::TokenizerError),
+    /// The model's logits hold NaN (corrupt or overflowing weights): nothing can be sampled.
+    #[error(
+        "the model produced {n_nan} NaN logits of {n_vocab}; its weights may be corrupt \
+         (try `damascus load`, or --reference to compare)"
+    )]
+    NonFiniteLogits {
+        /// NaN logits in the row.
+        n_nan: usize,
+        /// Row length.
+        n_vocab: usize,
+    },
     /// Every candidate was filtered out before a token could be picked (a custom chain bug).
     #[error("no candidate token left after the sampler stages: {chain}")]
     NoCandidates {

@@ -92,6 +92,8 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
     config
         .check_tensors(&file)
         .with_context(|| format!("{}: config ✗ inconsistent", path.display()))?;
+    check_tokenizer(&file, config.n_vocab as usize)
+        .with_context(|| format!("{}: tokenizer ✗ inconsistent", path.display()))?;
     let seconds = t0.elapsed().as_secs_f64();
     let file_type = match config.file_type {
         Some(ft) => ft.name().to_string(),
@@ -107,6 +109,62 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
         config,
         seconds,
     })
+}
+
+/// The tokenizer metadata agrees with itself and the model: the token list, scores and types
+/// have one entry per token, as many as the output matrix has rows, and every special-token id
+/// (bos, eos, eot, eom, unk, sep, pad, mask) lies inside the vocabulary.
+fn check_tokenizer(file: &GgufFile, n_vocab: usize) -> anyhow::Result<()> {
+    use damascus_gguf::keys;
+    let md = file.metadata();
+    let Some(tokens) = md.get(keys::TOKENIZER_TOKENS) else {
+        bail!("no {} in the metadata", keys::TOKENIZER_TOKENS);
+    };
+    let n_tokens = tokens
+        .as_array()
+        .map(|a| a.len())
+        .with_context(|| format!("{} is not an array", keys::TOKENIZER_TOKENS))?;
+    if n_tokens != n_vocab {
+        bail!(
+            "{} has {n_tokens} entries but the model's vocabulary is {n_vocab}",
+            keys::TOKENIZER_TOKENS
+        );
+    }
+    for key in [keys::TOKENIZER_SCORES, keys::TOKENIZER_TOKEN_TYPE] {
+        if let Some(v) = md.get(key) {
+            let n = v
+                .as_array()
+                .map(|a| a.len())
+                .with_context(|| format!("{key} is not an array"))?;
+            if n != n_tokens {
+                bail!(
+                    "{key} has {n} entries but {} has {n_tokens}",
+                    keys::TOKENIZER_TOKENS
+                );
+            }
+        }
+    }
+    let ids = [
+        keys::TOKENIZER_BOS_ID,
+        keys::TOKENIZER_EOS_ID,
+        keys::TOKENIZER_EOT_ID,
+        keys::TOKENIZER_EOM_ID,
+        keys::TOKENIZER_UNK_ID,
+        keys::TOKENIZER_SEP_ID,
+        keys::TOKENIZER_PAD_ID,
+        keys::TOKENIZER_MASK_ID,
+    ];
+    for key in ids {
+        if let Some(v) = md.get(key) {
+            let id = v
+                .as_u64()
+                .with_context(|| format!("{key} is not an unsigned integer"))?;
+            if id >= n_tokens as u64 {
+                bail!("{key} = {id} is outside the vocabulary (0..{n_tokens})");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Without `general.file_type`: the most common type among 2-D tensors, marked as a guess.
@@ -179,7 +237,10 @@ fn print_text(s: &Summary) -> std::io::Result<()> {
             c.rope_dim / 2
         )?;
     }
-    outln!("loaded in {:.1}s · config ✓ consistent", s.seconds)
+    outln!(
+        "loaded in {:.1}s · config ✓ consistent · tokenizer ✓ consistent",
+        s.seconds
+    )
 }
 
 fn to_json(s: &Summary) -> Json {

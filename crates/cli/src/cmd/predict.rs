@@ -76,6 +76,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut session = model.session()?;
     let logits = session.eval(&ids)?;
+    let n_bad = logits.iter().filter(|l| !l.is_finite()).count();
+    if n_bad > 0 {
+        bail!(
+            "the model produced {n_bad} non-finite logits (NaN or inf) of {}; its weights may be \
+             corrupt (try `damascus load`, or --reference to compare)",
+            logits.len()
+        );
+    }
     let probs = probabilities(&logits);
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
