@@ -145,8 +145,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             context_shift: args.context_shift,
         },
     )?;
-    let cancel = ctrl_c_flag();
+    // The line editor first: creating it installs rustyline's own SIGINT handler (for the
+    // lifetime of the editor), which would swallow Ctrl-C during a reply on a terminal. Our
+    // handler, installed after it, replaces it (at the prompt Ctrl-C arrives as a key anyway).
     let mut input = Input::new()?;
+    let cancel = ctrl_c_flag();
     let tty = input.is_tty();
     if tty {
         errln!(
