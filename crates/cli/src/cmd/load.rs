@@ -37,6 +37,8 @@ struct Summary {
     n_params: u64,
     config: LlamaConfig,
     seconds: f64,
+    /// The file carries tokenizer metadata (checked).
+    has_tokenizer: bool,
 }
 
 /// Run `damascus load`.
@@ -92,7 +94,7 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
     config
         .check_tensors(&file)
         .with_context(|| format!("{}: config ✗ inconsistent", path.display()))?;
-    check_tokenizer(&file, config.n_vocab as usize)
+    let has_tokenizer = check_tokenizer(&file, config.n_vocab as usize)
         .with_context(|| format!("{}: tokenizer ✗ inconsistent", path.display()))?;
     let seconds = t0.elapsed().as_secs_f64();
     let file_type = match config.file_type {
@@ -108,17 +110,19 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
         n_params: file.tensors().iter().map(|t| t.n_elements()).sum(),
         config,
         seconds,
+        has_tokenizer,
     })
 }
 
 /// The tokenizer metadata agrees with itself and the model: the token list, scores and types
 /// have one entry per token, as many as the output matrix has rows, and every special-token id
-/// (bos, eos, eot, eom, unk, sep, pad, mask) lies inside the vocabulary.
-fn check_tokenizer(file: &GgufFile, n_vocab: usize) -> anyhow::Result<()> {
+/// (bos, eos, eot, eom, unk, sep, pad, mask) lies inside the vocabulary. False when the file
+/// has no tokenizer (a weights-only file).
+fn check_tokenizer(file: &GgufFile, n_vocab: usize) -> anyhow::Result<bool> {
     use damascus_gguf::keys;
     let md = file.metadata();
     let Some(tokens) = md.get(keys::TOKENIZER_TOKENS) else {
-        bail!("no {} in the metadata", keys::TOKENIZER_TOKENS);
+        return Ok(false);
     };
     let n_tokens = tokens
         .as_array()
@@ -164,7 +168,7 @@ fn check_tokenizer(file: &GgufFile, n_vocab: usize) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Without `general.file_type`: the most common type among 2-D tensors, marked as a guess.
@@ -237,10 +241,12 @@ fn print_text(s: &Summary) -> std::io::Result<()> {
             c.rope_dim / 2
         )?;
     }
-    outln!(
-        "loaded in {:.1}s · config ✓ consistent · tokenizer ✓ consistent",
-        s.seconds
-    )
+    let tok = if s.has_tokenizer {
+        "tokenizer ✓ consistent"
+    } else {
+        "no tokenizer"
+    };
+    outln!("loaded in {:.1}s · config ✓ consistent · {tok}", s.seconds)
 }
 
 fn to_json(s: &Summary) -> Json {
