@@ -381,3 +381,47 @@ raise SystemExit("/exit did not end the chat")
         text(&o.stderr)
     );
 }
+
+/// B10: NaN weights give a clear error in `predict` and `generate`, never `NaN%`.
+#[test]
+fn nan_logits_are_reported() {
+    use damascus_gguf::GgufWriter;
+    let f = damascus_gguf::GgufFile::open(model()).unwrap();
+    let w = GgufWriter::from_gguf(&f).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan.gguf");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let infos = f.tensors().to_vec();
+    w.write(&mut file, |i, buf| {
+        let data = f.tensor_data(&infos[i]);
+        if infos[i].name == "output_norm.weight" {
+            for _ in 0..data.len() / 4 {
+                buf.extend_from_slice(&f32::NAN.to_le_bytes());
+            }
+        } else {
+            buf.extend_from_slice(data);
+        }
+        Ok(())
+    })
+    .unwrap();
+    file.flush().unwrap();
+    drop(file);
+    let m = path.to_str().unwrap();
+    // The f32 reference path carries the NaN to the logits (the int8 paths may flatten it).
+    let o = bin()
+        .args(["predict", "--reference", "-m", m, "Hello"])
+        .output()
+        .unwrap();
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(!o.status.success() && !out.contains("NaN"), "{out}");
+    assert!(err.contains("non-finite logits"), "{err}");
+    let o = bin()
+        .args(["generate", "--reference", "-m", m, "-p", "Hello", "-n", "2"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("non-finite logits"),
+        "{err}"
+    );
+}

@@ -376,11 +376,12 @@ impl<'a> Generator<'a> {
         let id = match picked {
             Some(id) => id,
             None => {
-                let n_nan = self.logits.iter().filter(|l| l.is_nan()).count();
-                if n_nan > 0 {
+                // Raw model output: any NaN or infinity means broken weights or an overflow.
+                let n_bad = self.logits.iter().filter(|l| !l.is_finite()).count();
+                if n_bad > 0 {
                     self.phase = Phase::Finished;
                     return Err(RuntimeError::NonFiniteLogits {
-                        n_nan,
+                        n_bad,
                         n_vocab: self.logits.len(),
                     });
                 }

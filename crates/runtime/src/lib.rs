@@ -89,14 +89,14 @@ pub enum RuntimeError {
     /// An error of the tokenizer (bad id, template rendering).
     #[error(transparent)]
     Tokenizer(#[from] damascus_tokenizer::TokenizerError),
-    /// The model's logits hold NaN (corrupt or overflowing weights): nothing can be sampled.
+    /// The model's logits hold NaN or infinities (corrupt or overflowing weights).
     #[error(
-        "the model produced {n_nan} NaN logits of {n_vocab}; its weights may be corrupt \
-         (try `damascus load`, or --reference to compare)"
+        "the model produced {n_bad} non-finite logits (NaN or inf) of {n_vocab}; its weights \
+         may be corrupt (try `damascus load`, or --reference to compare)"
     )]
     NonFiniteLogits {
-        /// NaN logits in the row.
-        n_nan: usize,
+        /// NaN or infinite logits in the row.
+        n_bad: usize,
         /// Row length.
         n_vocab: usize,
     },
