@@ -12,7 +12,9 @@
 pub mod backend;
 pub mod config;
 pub mod decoder;
+pub mod embed;
 pub mod error;
+pub mod family;
 pub mod params;
 pub mod session;
 pub mod tensor;

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod chat;
 pub mod device_info;
 pub mod generate;
+pub mod list;
 pub mod load;
 pub mod predict;
 pub mod pull;
@@ -29,6 +30,7 @@ pub mod quantize;
 pub mod serve;
 pub mod synth;
 pub mod template;
+pub mod embed;
 pub mod tokenize;
 pub mod verify;
 
@@ -40,13 +42,14 @@ use damascus_model::BackendKind;
 /// The `-m/--model` flag shared by every command that needs a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ModelArg {
-    /// Model: a GGUF path or an http(s) URL. Default: the cached default model, pulled on first use.
+    /// Model: a GGUF path, an http(s) URL or a known model name (`damascus list --known`).
+    /// Default: the cached default model, pulled on first use.
     #[arg(short = 'm', long = "model")]
     pub model: Option<String>,
 }
 
 impl ModelArg {
-    /// Resolve to a local GGUF path, fetching the default model or a URL if needed.
+    /// Resolve to a local GGUF path, fetching the default model, a named model or a URL if needed.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
         if let Some(m) = self.model.as_deref()
             && std::path::Path::new(m).is_dir()
