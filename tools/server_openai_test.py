@@ -4,11 +4,13 @@
 Usage: python3 tools/server_openai_test.py [--base-url http://127.0.0.1:8080/v1] [--api-key KEY]
        python3 tools/server_openai_test.py --spawn target/release/damascus [-m MODEL]
 With --spawn it starts the server on a free loopback port itself and stops it at the end.
-Covers: models, chat, streamed chat (+ include_usage), completions, stop strings, seed
-reproducibility, usage counts, greedy parity between whole and streamed replies, error statuses.
+Covers: models (list, retrieve), chat, streamed chat (+ include_usage), completions, stop
+strings, seed reproducibility, usage counts, greedy parity between whole and streamed replies,
+logit_bias, n > 1, lists of prompts, unsupported parameters, error statuses.
 Exits non-zero on the first failure.
 """
 import argparse
+import json
 import socket
 import subprocess
 import sys
@@ -99,6 +101,42 @@ def run(base, key):
                                   top_logprobs=2)
     lp = r.choices[0].logprobs.content
     check("logprobs", len(lp) >= 1 and len(lp[0].top_logprobs) == 2)
+
+    check("models.retrieve", c.models.retrieve(model).id == model)
+    try:
+        c.models.retrieve("no-such-model")
+        check("models.retrieve unknown -> 404", False)
+    except openai.NotFoundError as e:
+        check("models.retrieve unknown -> 404", e.status_code == 404)
+
+    # logit_bias: ban the greedy first token, and the reply starts differently.
+    r = c.completions.create(model=model, prompt="The capital of France is", max_tokens=1,
+                             temperature=0, logprobs=0, extra_body=nocache)
+    first = r.choices[0].text
+    tok = urllib.request.Request(base.rsplit("/v1", 1)[0] + "/tokenize", method="POST",
+                                 data=('{"content": %s}' % json.dumps(first)).encode(),
+                                 headers={"Authorization": f"Bearer {key}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(tok) as resp:
+        first_id = json.load(resp)["tokens"][0]
+    r = c.completions.create(model=model, prompt="The capital of France is", max_tokens=1,
+                             temperature=0, logit_bias={str(first_id): -100}, extra_body=nocache)
+    check("logit_bias bans a token", r.choices[0].text != first, repr(r.choices[0].text))
+
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=4, n=2, seed=3)
+    check("n = 2 choices", [ch.index for ch in r.choices] == [0, 1], str(r.choices))
+    r = c.completions.create(model=model, prompt=["1, 2, 3,", "a, b, c,"], max_tokens=3,
+                             temperature=0)
+    check("list of prompts", len(r.choices) == 2 and r.choices[1].index == 1)
+    try:
+        c.completions.create(model=model, prompt="Hi", max_tokens=2, suffix="!")
+        check("suffix -> 400 unsupported_parameter", False)
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        body = body.get("error", body)
+        check("suffix -> 400 unsupported_parameter", e.status_code == 400
+              and body.get("code") == "unsupported_parameter" and body.get("param") == "suffix",
+              str(e.body))
 
     try:
         c.chat.completions.create(model="no-such-model", messages=msgs, max_tokens=2)

@@ -59,13 +59,41 @@ enum Command {
     Serve(cmd::serve::Args),
 }
 
+/// llama.cpp's multi-letter short flags, which clap would read as clusters (`-ngl 99` as
+/// `-n gl`), rewritten to their long spelling.
+fn llama_cpp_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-ngl") => "--ngl".into(),
+        Some(s) if s.starts_with("-ngl=") => format!("--ngl={}", &s[5..]).into(),
+        _ => a,
+    })
+    .collect()
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text the line already holds
+/// (an OS error wrapped by several layers is printed once).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if line.contains(&msg) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&msg);
+    }
+    line
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_cpp_spellings(std::env::args_os()));
     let result = match cli.command {
         None if cli.device_info => cmd::device_info::run(cmd::device_info::Args::default()),
         None => {
             use clap::CommandFactory;
-            let _ = Cli::command().print_help();
+            let _ = Cli::command().write_help(&mut std::io::stdout());
             return ExitCode::from(2);
         }
         Some(command) => match command {
@@ -90,9 +118,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`damascus ... | head`): stop quietly, like `tokenize`.
+        Err(e) if cmd::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the chain of contexts joined by ": ".
-            eprintln!("error: {e:#}");
+            cmd::err_line(format_args!("error: {}", error_line(&e)));
             ExitCode::FAILURE
         }
     }

@@ -138,7 +138,15 @@ fn stop_string_and_run_alias() {
     assert!(t["generated_tokens"].as_u64().is_some_and(|n| n >= 2));
 
     let (stdout, stderr) = damascus(
-        &["run", "The capital of France is", "--temp", "0", "-n", "3"],
+        &[
+            "run",
+            "The capital of France is",
+            "--raw",
+            "--temp",
+            "0",
+            "-n",
+            "3",
+        ],
         None,
     );
     assert!(

@@ -375,7 +375,18 @@ impl<'a> Generator<'a> {
         }
         let id = match picked {
             Some(id) => id,
-            None => self.sampler.sample(&self.logits)?,
+            None => {
+                // Raw model output: any NaN or infinity means broken weights or an overflow.
+                let n_bad = self.logits.iter().filter(|l| !l.is_finite()).count();
+                if n_bad > 0 {
+                    self.phase = Phase::Finished;
+                    return Err(RuntimeError::NonFiniteLogits {
+                        n_bad,
+                        n_vocab: self.logits.len(),
+                    });
+                }
+                self.sampler.sample(&self.logits)?
+            }
         };
         self.sampler.accept(id);
         if self.ids.is_empty()

@@ -89,6 +89,17 @@ pub enum RuntimeError {
     /// An error of the tokenizer (bad id, template rendering).
     #[error(transparent)]
     Tokenizer(#[from] damascus_tokenizer::TokenizerError),
+    /// The model's logits hold NaN or infinities (corrupt or overflowing weights).
+    #[error(
+        "the model produced {n_bad} non-finite logits (NaN or inf) of {n_vocab}; its weights \
+         may be corrupt (try `damascus load`, or --reference to compare)"
+    )]
+    NonFiniteLogits {
+        /// NaN or infinite logits in the row.
+        n_bad: usize,
+        /// Row length.
+        n_vocab: usize,
+    },
     /// Every candidate was filtered out before a token could be picked (a custom chain bug).
     #[error("no candidate token left after the sampler stages: {chain}")]
     NoCandidates {

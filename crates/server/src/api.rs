@@ -16,7 +16,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum StopField {
     /// `"stop": "\n"`
     One(String),
@@ -69,13 +69,18 @@ pub struct Params {
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices (generated one after another in the same slot, sharing the prompt's
+    /// cache).
     pub n: Option<i64>,
+    /// `{"token id": bias}` (OpenAI) or `[[id or text, bias or false], ...]` (llama-server).
+    pub logit_bias: Option<Value>,
+    /// An end-user id (accepted and ignored, as it only labels the request).
+    pub user: Option<Value>,
 }
 
 /// A chat message's content: a string or a list of parts.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of content parts")]
 pub enum Content {
     /// Plain text.
     Text(String),
@@ -85,6 +90,7 @@ pub enum Content {
 
 /// One content part.
 #[derive(Debug, Deserialize)]
+#[serde(expecting = "a content part object")]
 pub struct Part {
     /// Part type; only `text` is supported.
     #[serde(rename = "type")]
@@ -95,6 +101,7 @@ pub struct Part {
 
 /// One chat message.
 #[derive(Debug, Deserialize)]
+#[serde(expecting = "a message object")]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, ...
     pub role: String,
@@ -104,6 +111,7 @@ pub struct ChatMessage {
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Deserialize)]
+#[serde(expecting = "a JSON object")]
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
@@ -117,20 +125,34 @@ pub struct ChatRequest {
     pub params: Params,
 }
 
-/// A completion prompt: text, a one-element list of texts, or token ids.
+/// A completion prompt: text, token ids, or a list of either (one completion each).
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of token ids, or a list of strings / token-id lists"
+)]
 pub enum PromptField {
     /// Text.
     Text(String),
     /// Token ids.
     Ids(Vec<u32>),
-    /// A list of texts (exactly one supported).
-    Texts(Vec<String>),
+    /// Several prompts.
+    Many(Vec<PromptItem>),
+}
+
+/// One prompt of a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of token ids")]
+pub enum PromptItem {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
 }
 
 /// `POST /v1/completions` body.
 #[derive(Debug, Deserialize)]
+#[serde(expecting = "a JSON object")]
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: PromptField,
@@ -139,6 +161,9 @@ pub struct CompletionRequest {
     /// Echo the prompt (unsupported when true).
     #[serde(default)]
     pub echo: bool,
+    /// Completions generated server-side per prompt to pick the best from; only `n` (or 1) is
+    /// supported, i.e. no extra candidates.
+    pub best_of: Option<i64>,
     /// Sampling fields.
     #[serde(flatten)]
     pub params: Params,
@@ -171,6 +196,40 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
+/// Request fields both generation endpoints implement.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "cache_prompt",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "stream",
+    "stream_options",
+    "n",
+    "logit_bias",
+    "user",
+];
+
+/// The fields `POST /v1/chat/completions` implements; any other (non-null) field answers 400
+/// `unsupported_parameter` naming it, never a silent 200. Structured output and tools
+/// (`response_format`, `grammar`, `json_schema`, `tools`, `tool_choice`) join this list once
+/// implemented.
+pub const CHAT_FIELDS: &[&str] = &["messages", "logprobs", "top_logprobs"];
+
+/// The fields `POST /v1/completions` implements (see [`CHAT_FIELDS`]).
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "best_of"];
+
+/// Most choices one request may ask for (`n` times the number of prompts).
+pub const MAX_CHOICES: usize = 16;
+
 /// Parses a JSON body, mapping syntax and type errors to HTTP 400.
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
@@ -183,24 +242,148 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
+/// Parses a generation request body: malformed JSON and wrong types are 400
+/// `invalid_request_error`; a field outside [`COMMON_FIELDS`] and `fields` is 400
+/// `unsupported_parameter` with `param` naming it. Null fields count as absent.
+pub fn parse_request<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    fields: &[&str],
+) -> Result<T, ApiError> {
+    let mut v: Value = parse(body)?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "invalid request: the body must be a JSON object".into(),
+            None,
+        ));
+    };
+    obj.retain(|_, v| !v.is_null());
+    let mut keys: Vec<&String> = obj.keys().collect();
+    keys.sort();
+    if let Some(k) = keys
+        .into_iter()
+        .find(|k| !COMMON_FIELDS.contains(&k.as_str()) && !fields.contains(&k.as_str()))
+    {
+        return Err(unsupported(
+            k,
+            format!("'{k}' is not supported by this server"),
+        ));
+    }
+    serde_json::from_value(v)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}"), None))
+}
+
+/// A 400 `unsupported_parameter` error for field `name`.
+pub fn unsupported(name: &str, message: String) -> ApiError {
+    ApiError::bad_request(message, None)
+        .with_param(name.to_string())
+        .with_code("unsupported_parameter")
+}
+
 fn bad(param: &'static str, msg: String) -> ApiError {
     ApiError::bad_request(msg, Some(param))
 }
 
+/// `s` cut to at most `max` characters (with `…` when cut), so errors never echo a huge input.
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((i, _)) => format!("{}…", &s[..i]),
+    }
+}
+
 impl Params {
+    /// The number of choices per prompt (`n`, default 1).
+    pub fn n_choices(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(bad("n", format!("n must be in 1..={MAX_CHOICES}, got {n}"))),
+        }
+    }
+
+    /// `logit_bias` as `(token, bias)` pairs: OpenAI's `{"id": bias}` object (ids as strings,
+    /// bias in -100..=100, -100 bans the token) or llama-server's `[[id or text, bias or
+    /// false], ...]` list (a text entry biases each of its tokens; `false` bans).
+    pub fn logit_bias(&self, tok: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+        let p = "logit_bias";
+        let n_vocab = tok.n_vocab();
+        let id_of = |k: &str| -> Result<u32, ApiError> {
+            match k.trim().parse::<u32>() {
+                Ok(id) if (id as usize) < n_vocab => Ok(id),
+                Ok(id) => Err(bad(
+                    p,
+                    format!("logit_bias: token id {id} is out of range (n_vocab = {n_vocab})"),
+                )),
+                Err(_) => Err(bad(
+                    p,
+                    format!("logit_bias: key '{}' is not a token id", clip(k, 40)),
+                )),
+            }
+        };
+        let bias_of = |v: &Value| -> Result<f32, ApiError> {
+            match v {
+                Value::Bool(false) => Ok(f32::NEG_INFINITY),
+                Value::Number(n) => match n.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => Ok(if b <= -100.0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        b as f32
+                    }),
+                    _ => Err(bad(p, format!("logit_bias: {n} is outside -100..=100"))),
+                },
+                _ => Err(bad(
+                    p,
+                    "logit_bias: a bias must be a number or false".into(),
+                )),
+            }
+        };
+        let mut out = Vec::new();
+        match &self.logit_bias {
+            None => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    out.push((id_of(k)?, bias_of(v)?));
+                }
+            }
+            Some(Value::Array(items)) => {
+                for item in items {
+                    let pair = item.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
+                        bad(p, "logit_bias: list entries are [token, bias] pairs".into())
+                    })?;
+                    let b = bias_of(&pair[1])?;
+                    match &pair[0] {
+                        Value::Number(n) => out.push((id_of(&n.to_string())?, b)),
+                        Value::String(t) => {
+                            out.extend(tok.encode(t, false, false).into_iter().map(|id| (id, b)))
+                        }
+                        _ => {
+                            return Err(bad(p, "logit_bias: a token is an id or a text".into()));
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(bad(
+                    p,
+                    "logit_bias must be an object of token id -> bias".into(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
     /// Validates the fields and builds the sampler and generation settings for a prompt of
     /// `n_prompt` tokens in a slot of `n_ctx` positions, with `max_tokens` at most `cap`.
+    /// `prompt_param` names the prompt field in errors (`messages` or `prompt`).
     pub fn configs(
         &self,
         n_prompt: usize,
         n_ctx: usize,
         cap: usize,
+        prompt_param: &'static str,
     ) -> Result<(SamplerConfig, GenerateConfig), ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(bad("n", "only n = 1 is supported".into()));
-        }
         if n_prompt == 0 {
-            return Err(bad("prompt", "the prompt is empty".into()));
+            return Err(bad(prompt_param, "the prompt is empty".into()));
         }
         if n_prompt >= n_ctx {
             return Err(ApiError::bad_request(
@@ -208,7 +391,7 @@ impl Params {
                     "the prompt has {n_prompt} tokens but the context holds {n_ctx}; \
                      shorten the prompt or start the server with a larger --ctx-size"
                 ),
-                Some("messages"),
+                Some(prompt_param),
             )
             .with_code("context_length_exceeded"));
         }
@@ -298,6 +481,9 @@ pub fn top_logprobs(n: Option<i64>, param: &'static str) -> Result<usize, ApiErr
     }
 }
 
+/// The message roles a chat request may use.
+pub const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
 /// Renders chat messages through the template and tokenizes them (BOS added when the model asks
 /// and the template did not write it).
 pub fn chat_prompt(
@@ -316,8 +502,25 @@ pub fn chat_prompt(
     }
     let mut list = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(bad(
+                "messages",
+                format!(
+                    "message #{i}: unknown role '{}' (one of: {})",
+                    clip(&m.role, 40),
+                    ROLES.join(", ")
+                ),
+            ));
+        }
         let content = match &m.content {
-            None => String::new(),
+            // An assistant turn may carry only tool calls; every other role needs content.
+            None if m.role == "assistant" => String::new(),
+            None => {
+                return Err(bad(
+                    "messages",
+                    format!("message #{i} ({}): 'content' is required", m.role),
+                ));
+            }
             Some(Content::Text(t)) => t.clone(),
             Some(Content::Parts(parts)) => {
                 let mut s = String::new();
@@ -350,26 +553,39 @@ pub fn chat_prompt(
     Ok(ids)
 }
 
-/// Tokenizes a completion prompt the way `damascus generate` does (BOS as the model asks,
-/// control-token strings kept as text).
-pub fn completion_prompt(tok: &Tokenizer, prompt: &PromptField) -> Result<Vec<u32>, ApiError> {
-    match prompt {
-        PromptField::Text(t) => Ok(tok.encode(t, true, false)),
-        PromptField::Texts(v) if v.len() == 1 => Ok(tok.encode(&v[0], true, false)),
-        PromptField::Texts(_) => Err(bad(
-            "prompt",
-            "exactly one prompt per request is supported".into(),
-        )),
-        PromptField::Ids(ids) => {
-            let n = tok.n_vocab();
-            if let Some(bad_id) = ids.iter().find(|&&i| i as usize >= n) {
-                return Err(bad(
-                    "prompt",
-                    format!("token id {bad_id} is out of range (n_vocab = {n})"),
-                ));
-            }
-            Ok(ids.clone())
+/// Tokenizes completion prompts the way `damascus generate` does (BOS as the model asks,
+/// control-token strings kept as text): one list of ids per prompt.
+pub fn completion_prompts(
+    tok: &Tokenizer,
+    prompt: &PromptField,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let n = tok.n_vocab();
+    let ids_ok = |ids: &[u32]| -> Result<Vec<u32>, ApiError> {
+        if let Some(bad_id) = ids.iter().find(|&&i| i as usize >= n) {
+            return Err(bad(
+                "prompt",
+                format!("token id {bad_id} is out of range (n_vocab = {n})"),
+            ));
         }
+        Ok(ids.to_vec())
+    };
+    match prompt {
+        PromptField::Text(t) => Ok(vec![tok.encode(t, true, false)]),
+        PromptField::Ids(ids) => Ok(vec![ids_ok(ids)?]),
+        PromptField::Many(v) if v.is_empty() => {
+            Err(bad("prompt", "the list of prompts is empty".into()))
+        }
+        PromptField::Many(v) if v.len() > MAX_CHOICES => Err(bad(
+            "prompt",
+            format!("at most {MAX_CHOICES} prompts per request, got {}", v.len()),
+        )),
+        PromptField::Many(v) => v
+            .iter()
+            .map(|p| match p {
+                PromptItem::Text(t) => Ok(tok.encode(t, true, false)),
+                PromptItem::Ids(ids) => ids_ok(ids),
+            })
+            .collect(),
     }
 }
 

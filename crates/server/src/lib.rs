@@ -77,6 +77,13 @@ pub struct ServerConfig {
     pub aliases: Vec<String>,
     /// Print one log line per request to stderr.
     pub log_requests: bool,
+    /// Allowed browser origin for CORS (`*` for any); `None` = no CORS headers.
+    pub cors_origin: Option<String>,
+    /// Longest wait for a request's headers, from the connection's start or the end of the
+    /// previous reply (an idle keep-alive connection): then the connection is closed.
+    pub header_timeout: std::time::Duration,
+    /// Longest wait for a request's whole body (a slow sender gets 408).
+    pub body_timeout: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -91,6 +98,9 @@ impl Default for ServerConfig {
             model_id: "damascus".into(),
             aliases: Vec::new(),
             log_requests: true,
+            cors_origin: None,
+            header_timeout: std::time::Duration::from_secs(30),
+            body_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -179,10 +189,29 @@ fn build_state(
             message: format!("{} (must be 1..=64)", cfg.parallel),
         });
     }
-    if cfg.queue_size == 0 {
+    let positive = [
+        ("queue_size", cfg.queue_size),
+        ("max_tokens", cfg.max_tokens_cap),
+        ("max_body", cfg.max_body_bytes),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(ServerError::Config {
+                name,
+                message: "must be at least 1".into(),
+            });
+        }
+    }
+    if cfg.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(ServerError::Config {
-            name: "queue_size",
-            message: "must be at least 1".into(),
+            name: "api_key",
+            message: "is empty (leave it out to serve without a key)".into(),
+        });
+    }
+    if cfg.header_timeout.is_zero() || cfg.body_timeout.is_zero() {
+        return Err(ServerError::Config {
+            name: "timeout",
+            message: "must be longer than 0 s".into(),
         });
     }
     let n_ctx = cfg.n_ctx.unwrap_or(model.n_ctx());
@@ -210,20 +239,63 @@ fn build_state(
     Ok((state, workers))
 }
 
+/// Accepts connections until `shutdown`, serving each with hyper's HTTP/1 (with a header-read
+/// timeout, which also closes idle keep-alive connections), then cancels the running
+/// generations and waits for the open connections to finish.
 async fn serve_on(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
     let app = routes::router(Arc::clone(&state));
-    let st = Arc::clone(&state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            // Cancel whatever is still generating so open streams end promptly.
-            st.queue.shutdown();
-        })
-        .await?;
+    // Dropped on shutdown: every connection task sees it and shuts down gracefully.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    // Each connection holds a clone; `closed()` resolves when all are gone.
+    let (alive_tx, alive_rx) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of file descriptors and the like: wait a moment and go on.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(app.clone());
+        let header_timeout = state.cfg.header_timeout;
+        let mut stop = stop_rx.clone();
+        let alive = alive_rx.clone();
+        tokio::spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .keep_alive(true);
+            let conn = b.serve_connection(TokioIo::new(stream), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(alive);
+        });
+    }
+    drop(listener);
+    // Cancel whatever is still generating so open streams end promptly.
+    state.queue.shutdown();
+    drop(stop_tx);
+    drop(alive_rx);
+    alive_tx.closed().await;
     Ok(())
 }
 

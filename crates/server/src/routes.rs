@@ -1,6 +1,7 @@
 //! The HTTP surface: routes, API-key check, OpenAI-shaped errors, streamed (SSE) and whole
 //! replies.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,7 +33,7 @@ pub struct ApiError {
     /// OpenAI error type (`invalid_request_error`, `authentication_error`, ...).
     pub kind: &'static str,
     /// The offending request field, if any.
-    pub param: Option<&'static str>,
+    pub param: Option<Cow<'static, str>>,
     /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
     pub code: Option<&'static str>,
 }
@@ -44,7 +45,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message,
             kind: "invalid_request_error",
-            param,
+            param: param.map(Cow::Borrowed),
             code: None,
         }
     }
@@ -66,9 +67,16 @@ impl ApiError {
         self
     }
 
+    /// Sets the offending field.
+    pub fn with_param(mut self, param: String) -> Self {
+        self.param = Some(Cow::Owned(param));
+        self
+    }
+
+    /// The JSON body; the message is clipped so a huge input is never echoed back.
     fn body(&self) -> Value {
         json!({"error": {
-            "message": self.message,
+            "message": api::clip(&self.message, MAX_MESSAGE_CHARS),
             "type": self.kind,
             "param": self.param,
             "code": self.code,
@@ -76,9 +84,20 @@ impl ApiError {
     }
 }
 
+/// Longest error message sent back, in characters.
+const MAX_MESSAGE_CHARS: usize = 400;
+
+/// Seconds a client is told to wait (`Retry-After`) when the queue is full or the server stops.
+const RETRY_AFTER_S: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_S));
+        }
+        r
     }
 }
 
@@ -91,6 +110,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/models", get(models))
+        .route("/v1/models/{id}", get(model_one))
+        .route("/models/{id}", get(model_one))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -106,7 +127,67 @@ pub fn router(state: Arc<AppState>) -> Router {
             Arc::clone(&state),
             guard,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            cors,
+        ))
         .with_state(state)
+}
+
+/// CORS (only with `--cors-origin`): answers preflight `OPTIONS` requests (before the API-key
+/// check, as browsers send no credentials there) and adds `Access-Control-Allow-Origin` to
+/// replies for an allowed `Origin`. Without the setting, no CORS header is ever sent.
+async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(allowed) = st.cfg.cors_origin.as_deref() else {
+        return next.run(req).await;
+    };
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let ok_origin = origin.filter(|o| allowed == "*" || o == allowed);
+    let preflight = req.method() == axum::http::Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut resp = if preflight {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        if ok_origin.is_some() {
+            let h = r.headers_mut();
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            let asked = req
+                .headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or(HeaderValue::from_static("authorization, content-type"));
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+            h.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("600"),
+            );
+        }
+        r
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    if let Some(v) = ok_origin.and_then(|o| HeaderValue::from_str(&o).ok()) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    resp
+}
+
+/// `Authorization: <scheme> <token>` with the scheme `Bearer` in any case.
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
 }
 
 /// Counts requests and errors; checks the API key (except on `/health` and `/metrics`).
@@ -119,8 +200,7 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         let bearer = h
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(bearer_token);
         let xkey = h.get("x-api-key").and_then(|v| v.to_str().ok());
         if bearer != Some(key.as_str()) && xkey != Some(key.as_str()) {
             Metrics::add(&st.metrics.errors, 1);
@@ -134,6 +214,41 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
                 .into_response();
         }
     }
+    // The whole body is read here, within the body-read timeout (a client sending it slowly
+    // is cut off with 408), and handed on in memory.
+    let (parts, body) = req.into_parts();
+    let limit = st.cfg.max_body_bytes;
+    let bytes =
+        match tokio::time::timeout(st.cfg.body_timeout, axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(_)) => {
+                Metrics::add(&st.metrics.errors, 1);
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    "request body too large or unreadable".into(),
+                )
+                .with_code("request_too_large")
+                .into_response();
+            }
+            Err(_) => {
+                Metrics::add(&st.metrics.errors, 1);
+                let mut r = ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    format!(
+                        "the request body was not received within {} s",
+                        st.cfg.body_timeout.as_secs_f32()
+                    ),
+                )
+                .with_code("request_timeout")
+                .into_response();
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return r;
+            }
+        };
+    let req = Request::from_parts(parts, Body::from(bytes));
     let resp = next.run(req).await;
     if resp.status().is_client_error() || resp.status().is_server_error() {
         Metrics::add(&st.metrics.errors, 1);
@@ -220,6 +335,36 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+async fn model_one(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    if id != st.cfg.model_id && !st.cfg.aliases.contains(&id) {
+        return Err(model_not_found(&st, &id));
+    }
+    Ok(axum::Json(json!({
+        "id": id,
+        "object": "model",
+        "created": st.started,
+        "owned_by": "damascus",
+    }))
+    .into_response())
+}
+
+fn model_not_found(st: &AppState, m: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "the model '{}' does not exist; this server serves '{}'",
+            api::clip(m, 80),
+            st.cfg.model_id
+        ),
+        kind: "invalid_request_error",
+        param: Some(Cow::Borrowed("model")),
+        code: Some("model_not_found"),
+    }
+}
+
 async fn tokenize(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -256,16 +401,7 @@ fn check_model(st: &AppState, p: &Params) -> Result<(), ApiError> {
     match &p.model {
         None => Ok(()),
         Some(m) if *m == st.cfg.model_id || st.cfg.aliases.iter().any(|a| a == m) => Ok(()),
-        Some(m) => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "the model '{m}' does not exist; this server serves '{}'",
-                st.cfg.model_id
-            ),
-            kind: "invalid_request_error",
-            param: Some("model"),
-            code: Some("model_not_found"),
-        }),
+        Some(m) => Err(model_not_found(st, m)),
     }
 }
 
@@ -285,6 +421,10 @@ struct Reply {
     model: String,
     logprobs: bool,
     include_usage: bool,
+    /// Choices in all (`n` times the number of prompts).
+    n_choices: usize,
+    /// Choices per prompt.
+    n: usize,
 }
 
 async fn chat(
@@ -292,16 +432,24 @@ async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
-    let req: api::ChatRequest = api::parse(&body)?;
+    let req: api::ChatRequest = api::parse_request(&body, api::CHAT_FIELDS)?;
     check_model(&st, &req.params)?;
+    let n = req.params.n_choices()?;
     let top = api::top_logprobs(req.top_logprobs, "top_logprobs")?;
     let prompt = api::chat_prompt(&st.tok, st.template.as_ref(), &req.messages)?;
-    let (s, mut g) = req
-        .params
-        .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap)?;
+    let (mut s, mut g) =
+        req.params
+            .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap, "messages")?;
+    s.logit_bias = req.params.logit_bias(&st.tok)?;
     g.logprobs = req.logprobs;
     g.top_logprobs = if req.logprobs { top } else { 0 };
-    start(&st, Kind::Chat, prompt, s, g, &req.params, req.logprobs).await
+    let job = JobSpec {
+        kind: Kind::Chat,
+        prompts: vec![prompt],
+        n,
+        logprobs: req.logprobs,
+    };
+    start(&st, job, s, g, &req.params).await
 }
 
 async fn completions(
@@ -309,52 +457,87 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
-    let req: api::CompletionRequest = api::parse(&body)?;
+    let req: api::CompletionRequest = api::parse_request(&body, api::COMPLETION_FIELDS)?;
     check_model(&st, &req.params)?;
     if req.echo {
-        return Err(ApiError::bad_request(
-            "echo is not supported".into(),
-            Some("echo"),
+        return Err(api::unsupported("echo", "echo is not supported".into()));
+    }
+    let n = req.params.n_choices()?;
+    if req.best_of.is_some_and(|b| b != 1 && b != n as i64) {
+        return Err(api::unsupported(
+            "best_of",
+            "best_of other than 1 or n is not supported".into(),
         ));
     }
     let top = api::top_logprobs(req.logprobs, "logprobs")?;
-    let prompt = api::completion_prompt(&st.tok, &req.prompt)?;
-    let (s, mut g) = req
+    let prompts = api::completion_prompts(&st.tok, &req.prompt)?;
+    if prompts.len() * n > api::MAX_CHOICES {
+        return Err(ApiError::bad_request(
+            format!(
+                "{} prompts x n = {n} asks for more than {} choices",
+                prompts.len(),
+                api::MAX_CHOICES
+            ),
+            Some("n"),
+        ));
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+    // Both bounds: an empty prompt and an over-long one are each refused.
+    req.params
+        .configs(shortest, st.n_ctx, st.cfg.max_tokens_cap, "prompt")?;
+    let (mut s, mut g) = req
         .params
-        .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap)?;
+        .configs(longest, st.n_ctx, st.cfg.max_tokens_cap, "prompt")?;
+    if req
+        .params
+        .max_completion_tokens
+        .or(req.params.max_tokens)
+        .is_none()
+    {
+        // The default budget is the room left by the shortest prompt; the generation loop
+        // stops each longer one at its own full context.
+        g.max_tokens = Some(st.cfg.max_tokens_cap.min(st.n_ctx - shortest));
+    }
+    s.logit_bias = req.params.logit_bias(&st.tok)?;
     g.logprobs = req.logprobs.is_some();
     g.top_logprobs = top;
-    start(
-        &st,
-        Kind::Completion,
-        prompt,
-        s,
-        g,
-        &req.params,
-        req.logprobs.is_some(),
-    )
-    .await
+    let job = JobSpec {
+        kind: Kind::Completion,
+        prompts,
+        n,
+        logprobs: req.logprobs.is_some(),
+    };
+    start(&st, job, s, g, &req.params).await
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a handler asks the worker for.
+struct JobSpec {
+    kind: Kind,
+    prompts: Vec<Vec<u32>>,
+    n: usize,
+    logprobs: bool,
+}
+
 async fn start(
     st: &AppState,
-    kind: Kind,
-    prompt: Vec<u32>,
+    spec: JobSpec,
     sampler: damascus_runtime::sampler::SamplerConfig,
     gen_cfg: damascus_runtime::generate::GenerateConfig,
     params: &Params,
-    logprobs: bool,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let n = st.queue.next_id();
+    let kind = spec.kind;
+    let n_choices = spec.prompts.len() * spec.n;
     let job = Job {
         id: n,
         kind: match kind {
             Kind::Chat => "chat",
             Kind::Completion => "completion",
         },
-        prompt,
+        prompts: spec.prompts,
+        n: spec.n,
         sampler,
         generate: gen_cfg,
         cache_prompt: params.cache_prompt.unwrap_or(true),
@@ -377,8 +560,10 @@ async fn start(
         },
         created: crate::now_unix(),
         model: st.cfg.model_id.clone(),
-        logprobs,
+        logprobs: spec.logprobs,
         include_usage: params.include_usage(),
+        n_choices,
+        n: spec.n,
     };
     if params.stream {
         Ok(stream_reply(Arc::clone(&st.tok), reply, rx))
@@ -391,61 +576,116 @@ fn server_error(msg: String) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", msg)
 }
 
+/// The error a generation cut off by shutdown ends with (a 503 or the stream's last event), so
+/// a client can tell it from a normal stop.
+fn shutdown_error() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the server shut down before the generation finished".into(),
+    )
+    .with_code("server_shutdown")
+}
+
+/// Usage summed over choices: the prompt of each prompt counted once, completions all.
+#[derive(Default)]
+struct UsageSum {
+    prompt: usize,
+    cached: usize,
+    completion: usize,
+}
+
+impl UsageSum {
+    fn add(&mut self, t: &damascus_runtime::generate::Timings, first_of_prompt: bool) {
+        if first_of_prompt {
+            self.prompt += t.prompt_tokens;
+            self.cached += t.prompt_cached;
+        }
+        self.completion += t.generated_tokens;
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
+}
+
 async fn whole_reply(
     tok: &damascus_tokenizer::Tokenizer,
     r: Reply,
     mut rx: UnboundedReceiver<Out>,
 ) -> Result<Response, ApiError> {
-    let mut tokens: Vec<TokenEvent> = Vec::new();
-    let done: Completion = loop {
+    let mut tokens: Vec<Vec<TokenEvent>> = (0..r.n_choices).map(|_| Vec::new()).collect();
+    let mut done: Vec<Option<Completion>> = (0..r.n_choices).map(|_| None).collect();
+    let mut left = r.n_choices;
+    while left > 0 {
         match rx.recv().await {
-            Some(Out::Token(t)) => {
+            Some(Out::Token(i, t)) => {
                 if r.logprobs && !tok.is_eog(t.id) {
-                    tokens.push(t);
+                    tokens[i].push(t);
                 }
             }
-            Some(Out::Done(c, _)) => break *c,
+            Some(Out::Done(i, c, _)) => {
+                done[i] = Some(*c);
+                left -= 1;
+            }
             Some(Out::Error(e)) => return Err(server_error(e)),
+            Some(Out::Shutdown(..)) => return Err(shutdown_error()),
             None => return Err(server_error("the generation ended unexpectedly".into())),
         }
-    };
-    let finish = api::finish_reason(&done.reason);
-    let body = match r.kind {
-        Kind::Chat => {
-            let lp = r.logprobs.then(|| {
-                json!({"content": tokens.iter().map(|t| api::chat_logprob(tok, t)).collect::<Vec<_>>()})
-            });
-            json!({
-                "id": r.id, "object": "chat.completion", "created": r.created, "model": r.model,
-                "choices": [{
-                    "index": 0,
-                    "message": {"role": "assistant", "content": done.text},
+    }
+    let done: Vec<Completion> = done.into_iter().flatten().collect();
+    let mut usage = UsageSum::default();
+    let mut choices = Vec::with_capacity(done.len());
+    let mut last_timings = None;
+    for (i, (c, toks)) in done.iter().zip(&tokens).enumerate() {
+        // Choices of one prompt follow each other; the first of each counts the prompt.
+        usage.add(&c.timings, i % r.n == 0);
+        let finish = api::finish_reason(&c.reason);
+        choices.push(match r.kind {
+            Kind::Chat => {
+                let lp = r.logprobs.then(|| {
+                    json!({"content": toks.iter().map(|t| api::chat_logprob(tok, t)).collect::<Vec<_>>()})
+                });
+                json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
                     "logprobs": lp,
                     "finish_reason": finish,
-                }],
-                "usage": api::usage(&done.timings),
-                "timings": api::timings(&done.timings),
-            })
-        }
-        Kind::Completion => {
-            let lp = r.logprobs.then(|| api::completion_logprobs(tok, &tokens));
-            json!({
-                "id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
-                "choices": [{"index": 0, "text": done.text, "logprobs": lp, "finish_reason": finish}],
-                "usage": api::usage(&done.timings),
-                "timings": api::timings(&done.timings),
-            })
-        }
+                })
+            }
+            Kind::Completion => {
+                let lp = r.logprobs.then(|| api::completion_logprobs(tok, toks));
+                json!({"index": i, "text": c.text, "logprobs": lp, "finish_reason": finish})
+            }
+        });
+        last_timings = Some(&c.timings);
+    }
+    let object = match r.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
     };
+    let body = json!({
+        "id": r.id, "object": object, "created": r.created, "model": r.model,
+        "choices": choices,
+        "usage": usage.json(),
+        "timings": last_timings.map(api::timings),
+    });
     Ok(axum::Json(body).into_response())
 }
-
 /// State of one SSE reply.
 struct Streamer {
     tok: Arc<damascus_tokenizer::Tokenizer>,
     r: Reply,
     rx: UnboundedReceiver<Out>,
-    started: bool,
+    /// Choices whose first chunk (the role, for chat) went out.
+    started: Vec<bool>,
+    left: usize,
+    usage: UsageSum,
     finished: bool,
 }
 
@@ -454,7 +694,7 @@ fn sse(v: &Value) -> String {
 }
 
 impl Streamer {
-    fn chunk(&self, text: &str, logprobs: Option<Value>, finish: Option<&str>) -> Value {
+    fn chunk(&self, i: usize, text: &str, logprobs: Option<Value>, finish: Option<&str>) -> Value {
         match self.r.kind {
             Kind::Chat => {
                 let delta = if finish.is_some() && text.is_empty() {
@@ -465,13 +705,13 @@ impl Streamer {
                 json!({
                     "id": self.r.id, "object": "chat.completion.chunk", "created": self.r.created,
                     "model": self.r.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                 })
             }
             Kind::Completion => json!({
                 "id": self.r.id, "object": "text_completion", "created": self.r.created,
                 "model": self.r.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+                "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}],
             }),
         }
     }
@@ -486,48 +726,73 @@ impl Streamer {
         })
     }
 
+    /// The role chunk that opens choice `i` of a chat stream (once).
+    fn open(&mut self, i: usize, out: &mut String) {
+        if self.r.kind == Kind::Chat && !self.started[i] {
+            let mut first = self.chunk(i, "", None, None);
+            first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+            out.push_str(&sse(&first));
+        }
+        self.started[i] = true;
+    }
+
     /// The next piece of the body, or `None` when the stream is over.
     async fn next(&mut self) -> Option<String> {
         if self.finished {
             return None;
         }
         let mut out = String::new();
-        if !self.started && self.r.kind == Kind::Chat {
-            self.started = true;
-            let mut first = self.chunk("", None, None);
-            first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
-            out.push_str(&sse(&first));
+        if self.r.n_choices > 0 && !self.started[0] {
+            self.open(0, &mut out);
         }
-        self.started = true;
         loop {
             match self.rx.recv().await {
-                Some(Out::Token(t)) => {
+                Some(Out::Token(i, t)) => {
+                    self.open(i, &mut out);
                     let eog = self.tok.is_eog(t.id);
                     let lp = if eog { None } else { self.token_logprobs(&t) };
                     if !t.text.is_empty() || lp.is_some() {
-                        out.push_str(&sse(&self.chunk(&t.text, lp, None)));
+                        out.push_str(&sse(&self.chunk(i, &t.text, lp, None)));
                         return Some(out);
                     }
                     if !out.is_empty() {
                         return Some(out);
                     }
                 }
-                Some(Out::Done(c, _)) => {
+                Some(Out::Done(i, c, _)) => {
+                    self.open(i, &mut out);
                     if !c.tail.is_empty() {
-                        out.push_str(&sse(&self.chunk(&c.tail, None, None)));
+                        out.push_str(&sse(&self.chunk(i, &c.tail, None, None)));
                     }
-                    let mut fin = self.chunk("", None, Some(api::finish_reason(&c.reason)));
+                    self.usage.add(&c.timings, i % self.r.n == 0);
+                    self.left -= 1;
+                    let mut fin = self.chunk(i, "", None, Some(api::finish_reason(&c.reason)));
                     fin["timings"] = api::timings(&c.timings);
+                    if self.left > 0 {
+                        out.push_str(&sse(&fin));
+                        return Some(out);
+                    }
                     if self.r.include_usage {
                         out.push_str(&sse(&fin));
-                        let mut u = self.chunk("", None, None);
+                        let mut u = self.chunk(i, "", None, None);
                         u["choices"] = json!([]);
-                        u["usage"] = api::usage(&c.timings);
+                        u["usage"] = self.usage.json();
                         out.push_str(&sse(&u));
                     } else {
-                        fin["usage"] = api::usage(&c.timings);
+                        fin["usage"] = self.usage.json();
                         out.push_str(&sse(&fin));
                     }
+                    out.push_str("data: [DONE]\n\n");
+                    self.finished = true;
+                    return Some(out);
+                }
+                Some(Out::Shutdown(i, c)) => {
+                    // The text generated so far, then an error event (not a finish_reason),
+                    // so the client can tell the reply was cut off.
+                    if !c.tail.is_empty() {
+                        out.push_str(&sse(&self.chunk(i, &c.tail, None, None)));
+                    }
+                    out.push_str(&sse(&shutdown_error().body()));
                     out.push_str("data: [DONE]\n\n");
                     self.finished = true;
                     return Some(out);
@@ -554,9 +819,11 @@ fn stream_reply(
 ) -> Response {
     let s = Streamer {
         tok,
+        started: vec![false; r.n_choices],
+        left: r.n_choices,
         r,
         rx,
-        started: false,
+        usage: UsageSum::default(),
         finished: false,
     };
     let body = futures_util::stream::unfold(s, |mut s| async move {

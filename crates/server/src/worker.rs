@@ -29,8 +29,10 @@ pub struct Job {
     pub id: u64,
     /// Endpoint name (for the log).
     pub kind: &'static str,
-    /// Prompt token ids. `[n_prompt]`
-    pub prompt: Vec<u32>,
+    /// Prompt token ids, one list per prompt. `[n_prompts][n_prompt]`
+    pub prompts: Vec<Vec<u32>>,
+    /// Choices per prompt (`n`): generated one after another, each reusing the prompt's cache.
+    pub n: usize,
     /// Sampling parameters.
     pub sampler: SamplerConfig,
     /// Stop strings, token budget, logprobs (the cancel flag is set by the worker).
@@ -43,15 +45,17 @@ pub struct Job {
     pub enqueued: Instant,
 }
 
-/// What a worker sends back for a job.
+/// What a worker sends back for a job. `choice` is `prompt index * n + i`.
 #[derive(Debug)]
 pub enum Out {
-    /// A sampled token.
-    Token(TokenEvent),
-    /// The generation ended.
-    Done(Box<Completion>, JobStats),
-    /// The generation failed (message for the client).
+    /// A sampled token of choice `.0`.
+    Token(usize, TokenEvent),
+    /// Choice `.0` ended (the job is over after the last choice's `Done`).
+    Done(usize, Box<Completion>, JobStats),
+    /// The generation failed (message for the client); nothing follows.
     Error(String),
+    /// The server shut down while choice `.0` was generating; nothing follows.
+    Shutdown(usize, Box<Completion>),
 }
 
 /// Scheduling facts of one finished job.
@@ -226,26 +230,51 @@ impl Worker {
             slot: self.slot,
             queue_ms,
         };
+        let mut choice = 0;
+        for prompt in &job.prompts {
+            for i in 0..job.n {
+                // Distinct choices from one request: a given seed moves on by one per choice.
+                let mut scfg = job.sampler.clone();
+                if job.n > 1 {
+                    scfg.seed = scfg.seed.map(|s| s.wrapping_add(i as u64));
+                }
+                if !self.run_choice(&job, choice, prompt, &scfg, stats) {
+                    return;
+                }
+                choice += 1;
+            }
+        }
+    }
+
+    /// Generates one choice; false when the job must stop (error, shutdown, client gone).
+    fn run_choice(
+        &mut self,
+        job: &Job,
+        choice: usize,
+        prompt: &[u32],
+        scfg: &SamplerConfig,
+        stats: JobStats,
+    ) -> bool {
         let m = &self.metrics;
-        let sampler = match SamplerChain::from_config(&job.sampler) {
+        let sampler = match SamplerChain::from_config(scfg) {
             Ok(s) => s,
             Err(e) => {
                 Metrics::add(&m.gen_failed, 1);
                 let _ = job.tx.send(Out::Error(e.to_string()));
-                return;
+                return false;
             }
         };
         let cancel = Arc::new(AtomicBool::new(false));
-        let mut gcfg = job.generate;
+        let mut gcfg = job.generate.clone();
         gcfg.cancel = Some(Arc::clone(&cancel));
-        let mut generator = Generator::new(&mut self.seq, &self.tok, gcfg, sampler, &job.prompt);
+        let mut generator = Generator::new(&mut self.seq, &self.tok, gcfg, sampler, prompt);
         loop {
             if job.tx.is_closed() || self.stopping.load(Ordering::Relaxed) {
                 cancel.store(true, Ordering::Relaxed);
             }
             match generator.step() {
                 Ok(Some(Event::Token(t))) => {
-                    if job.tx.send(Out::Token(t)).is_err() {
+                    if job.tx.send(Out::Token(choice, t)).is_err() {
                         cancel.store(true, Ordering::Relaxed);
                     }
                 }
@@ -256,19 +285,20 @@ impl Worker {
                     Metrics::add(&m.generated_tokens, t.generated_tokens as u64);
                     Metrics::add(&m.prompt_us, (t.prompt_ms * 1000.0) as u64);
                     Metrics::add(&m.generation_us, (t.generation_ms * 1000.0) as u64);
-                    if c.reason == damascus_runtime::generate::StopReason::Cancelled {
+                    let cancelled = c.reason == damascus_runtime::generate::StopReason::Cancelled;
+                    if cancelled {
                         Metrics::add(&m.gen_cancelled, 1);
                     } else {
                         Metrics::add(&m.gen_completed, 1);
                     }
                     if self.log {
-                        eprintln!(
+                        log_line(format_args!(
                             "[req {} {}] slot {} queue {:.1} ms | prompt {} tok ({} cached) {:.1} ms | \
                              gen {} tok {:.1} ms ({:.1} tok/s) ttft {:.1} ms | {}",
                             job.id,
                             job.kind,
                             self.slot,
-                            queue_ms,
+                            stats.queue_ms,
                             t.prompt_tokens,
                             t.prompt_cached,
                             t.prompt_ms,
@@ -277,27 +307,37 @@ impl Worker {
                             t.generation_tok_per_s(),
                             t.ttft_ms,
                             c.reason.as_str()
-                        );
+                        ));
                     }
-                    let _ = job.tx.send(Out::Done(Box::new(c), stats));
-                    return;
+                    if cancelled && self.stopping.load(Ordering::Relaxed) {
+                        let _ = job.tx.send(Out::Shutdown(choice, Box::new(c)));
+                        return false;
+                    }
+                    let _ = job.tx.send(Out::Done(choice, Box::new(c), stats));
+                    return !cancelled;
                 }
-                Ok(None) => return,
+                Ok(None) => return false,
                 Err(e) => {
                     Metrics::add(&m.gen_failed, 1);
                     if self.log {
-                        eprintln!(
+                        log_line(format_args!(
                             "[req {} {}] slot {} failed: {e}",
                             job.id, job.kind, self.slot
-                        );
+                        ));
                     }
                     let _ = job.tx.send(Out::Error(e.to_string()));
                     // The cache may be in any state after a failure: start clean.
                     drop(generator);
                     self.seq.reset();
-                    return;
+                    return false;
                 }
             }
         }
     }
+}
+
+/// One log line on stderr; a closed stderr is ignored (never a panic).
+fn log_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
 }

@@ -133,8 +133,9 @@ end a line with \\ to continue it, or wrap a block in \"\"\" lines";
 
 /// Run `damascus chat`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let scfg = args.sampling.sampler_config()?;
+    args.sampling.check()?;
     let (model, tok) = args.engine.load()?;
+    let scfg = args.sampling.sampler_config(model.n_ctx())?;
     let seq = Sequence::new(model.session()?);
     let mut chat = Chat::new(
         seq,
@@ -144,11 +145,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             context_shift: args.context_shift,
         },
     )?;
-    let cancel = ctrl_c_flag();
+    // The line editor first: creating it installs rustyline's own SIGINT handler (for the
+    // lifetime of the editor), which would swallow Ctrl-C during a reply on a terminal. Our
+    // handler, installed after it, replaces it (at the prompt Ctrl-C arrives as a key anyway).
     let mut input = Input::new()?;
+    let cancel = ctrl_c_flag();
     let tty = input.is_tty();
     if tty {
-        eprintln!(
+        errln!(
             "damascus chat: {} ({} backend, context {}). {HELP}",
             model.config().arch,
             model.backend_name(),
@@ -169,16 +173,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "/reset" | "/clear" => {
                 chat.reset();
                 if tty {
-                    eprintln!("[conversation reset]");
+                    errln!("[conversation reset]");
                 }
                 continue;
             }
             "/help" | "/?" => {
-                eprintln!("{HELP}");
+                errln!("{HELP}");
                 continue;
             }
             _ if cmd.starts_with('/') && !cmd.contains(char::is_whitespace) => {
-                eprintln!("unknown command {cmd}; {HELP}");
+                errln!("unknown command {cmd}; {HELP}");
                 continue;
             }
             _ => {}
@@ -186,13 +190,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let turn = match chat.user_turn(&tok, &msg, reserve) {
             Ok(t) => t,
             Err(e @ (RuntimeError::ContextFull { .. } | RuntimeError::PromptTooLong { .. })) => {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
         if turn.dropped_messages > 0 && (tty || args.perf) {
-            eprintln!(
+            errln!(
                 "[context shift: dropped the {} oldest messages]",
                 turn.dropped_messages
             );
@@ -223,10 +227,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(stdout, "{}", done.tail)?;
         stdout.flush()?;
         match &done.reason {
-            StopReason::Cancelled => eprintln!("[interrupted]"),
-            StopReason::ContextFull => eprintln!(
-                "[context full ({n_ctx} tokens): /reset, a larger -c, or --context-shift]"
-            ),
+            StopReason::Cancelled => errln!("[interrupted]"),
+            StopReason::ContextFull => {
+                errln!("[context full ({n_ctx} tokens): /reset, a larger -c, or --context-shift]")
+            }
             _ => {}
         }
         chat.push_assistant(done.text.clone());
@@ -244,7 +248,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "dropped_messages": turn.dropped_messages,
                 "n_past": chat.sequence().n_past(),
             });
-            eprintln!("{stats}");
+            errln!("{stats}");
         }
     }
     Ok(())

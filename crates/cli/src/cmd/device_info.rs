@@ -23,7 +23,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         print_json(&info, features, &isa, &cuda)?;
     } else {
-        print_text(&info, features, &isa, &cuda);
+        print_text(&info, features, &isa, &cuda)?;
     }
     // A forced ISA this CPU lacks is an error (after printing what we know).
     isa.map(|_| ()).map_err(Into::into)
@@ -34,47 +34,47 @@ fn print_text(
     f: &CpuFeatures,
     isa: &Result<Isa, damascus_kernels::cpu::IsaError>,
     cuda: &CudaStatus,
-) {
+) -> std::io::Result<()> {
     let unknown = || "unknown".to_string();
     let model = info.model.clone().unwrap_or_else(unknown);
     match &info.vendor {
-        Some(v) => println!("cpu      {model} ({v})"),
-        None => println!("cpu      {model}"),
+        Some(v) => outln!("cpu      {model} ({v})")?,
+        None => outln!("cpu      {model}")?,
     }
     let n = |x: Option<usize>| x.map(|v| v.to_string()).unwrap_or_else(unknown);
     let usable = match (info.usable_threads, info.threads) {
         (Some(u), Some(t)) if u != t => format!(" ({u} usable)"),
         _ => String::new(),
     };
-    println!(
+    outln!(
         "cores    {} cores · {} threads{usable}",
         n(info.cores),
         n(info.threads)
-    );
+    )?;
     if info.caches.is_empty() {
-        println!("caches   unknown");
+        outln!("caches   unknown")?;
     } else {
         let caches: Vec<String> = info
             .caches
             .iter()
             .map(|c| format!("{} {}", c.label(), human(c.size_bytes)))
             .collect();
-        println!("caches   {}", caches.join(" · "));
+        outln!("caches   {}", caches.join(" · "))?;
     }
     let mem = |x: Option<u64>| x.map(human).unwrap_or_else(unknown);
-    println!(
+    outln!(
         "memory   {} total · {} available",
         mem(info.mem_total),
         mem(info.mem_available)
-    );
+    )?;
     let feats: Vec<String> = f
         .list()
         .iter()
         .map(|(name, on)| format!("{name} {}", if *on { "✓" } else { "✗" }))
         .collect();
-    println!("simd     {}", feats[..5].join(" · "));
-    println!("         {}", feats[5..10].join(" · "));
-    println!("         {}", feats[10..].join(" · "));
+    outln!("simd     {}", feats[..5].join(" · "))?;
+    outln!("         {}", feats[5..10].join(" · "))?;
+    outln!("         {}", feats[10..].join(" · "))?;
     let forced = std::env::var("DAMASCUS_ISA")
         .ok()
         .filter(|s| !s.trim().is_empty());
@@ -85,9 +85,9 @@ fn print_text(
             } else {
                 "best available"
             };
-            println!("kernels  {i}: {} ({how})", i.describe());
+            outln!("kernels  {i}: {} ({how})", i.describe())?;
         }
-        Err(e) => println!("kernels  error: {e}"),
+        Err(e) => outln!("kernels  error: {e}")?,
     }
     match cuda {
         CudaStatus::Ok {
@@ -95,7 +95,7 @@ fn print_text(
             driver_version,
         } if !devices.is_empty() => {
             for d in devices {
-                println!(
+                outln!(
                     "cuda     #{} {} · {} · {} SMs · compute capability {}.{} · driver {}.{}",
                     d.index,
                     d.name,
@@ -105,23 +105,23 @@ fn print_text(
                     d.compute_capability.1,
                     driver_version / 1000,
                     (driver_version % 1000) / 10
-                );
+                )?;
             }
         }
-        CudaStatus::Ok { .. } => println!("cuda     no CUDA device (the driver reports none)"),
-        CudaStatus::NoDriver(why) => println!("cuda     no CUDA device ({why})"),
+        CudaStatus::Ok { .. } => outln!("cuda     no CUDA device (the driver reports none)")?,
+        CudaStatus::NoDriver(why) => outln!("cuda     no CUDA device ({why})")?,
         CudaStatus::DriverError { call, code } => {
-            println!("cuda     no CUDA device ({call} failed with CUresult {code})")
+            outln!("cuda     no CUDA device ({call} failed with CUresult {code})")?
         }
     }
-    println!(
+    outln!(
         "cuda     backend {}",
         if damascus_cuda::BUILT_WITH_CUDA {
             "built in (--backend cuda; NVRTC + cuBLAS 13 loaded at run time)"
         } else {
             "not in this build (cargo build --release --features cuda)"
         }
-    );
+    )
 }
 
 fn print_json(
@@ -172,7 +172,7 @@ fn print_json(
         "cuda": cuda,
         "cuda_backend_built": damascus_cuda::BUILT_WITH_CUDA,
     });
-    println!("{}", serde_json::to_string_pretty(&j)?);
+    outln!("{}", serde_json::to_string_pretty(&j)?)?;
     Ok(())
 }
 

@@ -4,12 +4,17 @@
 //! $ damascus generate -p "The capital of France is" -n 16 --temp 0
 //! $ damascus run "Write a haiku about rust" --temp 0.7 --seed 1
 //! $ damascus generate -p "Hi" --json        # ids, text, stop reason and timings as JSON
+//! $ damascus run "What is 2+2?"              # through the model's chat template
+//! $ echo "Once upon a time" | damascus generate -n 32
 //! ```
 //!
-//! Text goes to stdout as it is generated; timings go to stderr at the end (llama.cpp style).
-//! Ctrl-C stops the generation (a second Ctrl-C exits at once).
+//! `generate` completes the raw prompt; `run` (like `ollama run`) sends it as a user message
+//! through the model's chat template when it has one (`--raw`: plain completion). The prompt is
+//! `-p`/the argument, `-f FILE`, or standard input. Text goes to stdout as it is generated;
+//! timings go to stderr at the end (llama.cpp style). Ctrl-C stops the generation (a second
+//! Ctrl-C exits at once). Sampling flags take llama.cpp's spellings and `-1` meanings.
 
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -43,7 +48,8 @@ pub struct EngineArgs {
     /// Context length (KV cache positions); default min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
-    /// Threads of the CPU backend (default: one per physical core).
+    /// Threads of the CPU backend (default: one per physical core; 0 = all cores; clamped to
+    /// the available cores).
     #[arg(short = 't', long = "threads", conflicts_with = "reference")]
     pub threads: Option<usize>,
     /// KV cache element type [default: f16 on the fast path, f32 on --reference].
@@ -56,8 +62,10 @@ impl EngineArgs {
     pub fn load(&self) -> anyhow::Result<(Model, Tokenizer)> {
         let path = self.model.resolve()?;
         let opts = LoadOptions {
-            n_ctx: self.ctx_size,
-            backend: self.backend.kind(self.reference, self.threads)?,
+            n_ctx: self.ctx_size.map(|c| clamp_ctx(&path, c)),
+            backend: self
+                .backend
+                .kind(self.reference, super::threads(self.threads))?,
             no_repack: self.backend.no_repack,
             kernel: super::kernel_settings()?,
             cache_type: self.cache_type.map(|t| match t {
@@ -72,6 +80,24 @@ impl EngineArgs {
     }
 }
 
+/// `-c` above the model's training context: clamped to it with a warning (llama.cpp warns of a
+/// "possible training context overflow"; positions past training are not meaningful here).
+fn clamp_ctx(path: &std::path::Path, n_ctx: usize) -> usize {
+    let train = damascus_gguf::GgufFile::open(path)
+        .ok()
+        .and_then(|f| damascus_model::config::LlamaConfig::from_gguf(&f).ok())
+        .map(|c| c.n_ctx_train as usize);
+    match train {
+        Some(t) if n_ctx > t => {
+            super::warn(format_args!(
+                "-c {n_ctx} is above the model's training context ({t}); using {t}"
+            ));
+            t
+        }
+        _ => n_ctx,
+    }
+}
+
 /// Sampling and stopping flags shared by `generate`, `run` and `chat`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
@@ -83,14 +109,14 @@ pub struct SamplingArgs {
         allow_negative_numbers = true
     )]
     pub n_predict: i64,
-    /// Temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
+    /// Temperature; 0 or less = greedy.
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
-    /// Top-k; 0 disables.
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (nucleus); 1 disables.
-    #[arg(long, default_value_t = 0.95)]
+    /// Top-k; 0 or less disables.
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
+    pub top_k: i64,
+    /// Top-p (nucleus); 1 (or a negative value) disables.
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Min-p; 0 disables.
     #[arg(long, default_value_t = 0.05)]
@@ -101,18 +127,18 @@ pub struct SamplingArgs {
     /// Repetition penalty; 1 disables.
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// Penalty window in tokens; 0 disables penalties.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: usize,
+    /// Penalty window in tokens; 0 disables penalties, -1 = the whole context.
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    pub repeat_last_n: i64,
     /// Presence penalty; 0 disables.
     #[arg(long, default_value_t = 0.0)]
     pub presence_penalty: f32,
     /// Frequency penalty; 0 disables.
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    /// RNG seed (default: random, printed with --json).
-    #[arg(long)]
-    pub seed: Option<u64>,
+    /// RNG seed; -1 (the default) = random, printed with --json.
+    #[arg(long, allow_negative_numbers = true)]
+    pub seed: Option<i64>,
     /// Sampler order, `;`-separated names (default penalties;top_k;typ_p;top_p;min_p;temperature).
     #[arg(long)]
     pub samplers: Option<String>,
@@ -125,19 +151,33 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The validated sampler configuration.
-    pub fn sampler_config(&self) -> anyhow::Result<SamplerConfig> {
+    /// The validated sampler configuration for a context of `n_ctx` positions (the window of
+    /// `--repeat-last-n -1`).
+    pub fn sampler_config(&self, n_ctx: usize) -> anyhow::Result<SamplerConfig> {
+        let repeat_last_n = match self.repeat_last_n {
+            -1 => n_ctx,
+            n => usize::try_from(n).map_err(|_| {
+                anyhow::anyhow!("--repeat-last-n must be >= 0 or -1 (whole context), got {n}")
+            })?,
+        };
+        let seed = match self.seed {
+            None | Some(-1) => None,
+            Some(s) => Some(
+                u64::try_from(s)
+                    .map_err(|_| anyhow::anyhow!("--seed must be >= 0 or -1 (random), got {s}"))?,
+            ),
+        };
         let mut cfg = SamplerConfig {
-            temp: self.temp,
-            top_k: self.top_k,
-            top_p: self.top_p,
+            temp: self.temp.max(0.0),
+            top_k: usize::try_from(self.top_k).unwrap_or(0),
+            top_p: if self.top_p < 0.0 { 1.0 } else { self.top_p },
             min_p: self.min_p,
             typical_p: self.typical_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
+            seed,
             ..SamplerConfig::default()
         };
         if let Some(order) = &self.samplers {
@@ -145,6 +185,17 @@ impl SamplingArgs {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Checks the flags that need no model (before loading one).
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.n_predict < -1 {
+            bail!(
+                "-n must be >= 0, or -1 to generate until the end of generation, got {}",
+                self.n_predict
+            );
+        }
+        self.sampler_config(1).map(|_| ())
     }
 
     /// The generation settings (without cancellation).
@@ -177,6 +228,9 @@ pub struct CommonArgs {
     /// Do not print the timings to stderr.
     #[arg(long)]
     pub no_perf: bool,
+    /// Read the prompt from this file.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// Flags of `damascus generate`.
@@ -184,9 +238,9 @@ pub struct CommonArgs {
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The prompt text.
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: String,
+    /// The prompt text (or -f FILE, or standard input).
+    #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
+    pub prompt: Option<String>,
 }
 
 /// Flags of `damascus run`.
@@ -194,18 +248,49 @@ pub struct Args {
 pub struct RunArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// The prompt text.
-    pub prompt: String,
+    /// Plain completion of the prompt, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// The prompt text (or -f FILE, or standard input).
+    #[arg(conflicts_with = "file")]
+    pub prompt: Option<String>,
 }
 
 /// Run `damascus generate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    generate(&args.common, &args.prompt)
+    let prompt = read_prompt(&args.common, args.prompt)?;
+    generate(&args.common, &prompt, false)
 }
 
 /// Run `damascus run`.
 pub fn run_alias(args: RunArgs) -> anyhow::Result<()> {
-    generate(&args.common, &args.prompt)
+    let prompt = read_prompt(&args.common, args.prompt)?;
+    generate(&args.common, &prompt, !args.raw)
+}
+
+/// The prompt: the argument, else `-f FILE`, else standard input when it is not a terminal.
+fn read_prompt(args: &CommonArgs, given: Option<String>) -> anyhow::Result<String> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    if let Some(path) = &args.file {
+        return std::fs::read_to_string(path)
+            .with_context(|| format!("reading the prompt from {}", path.display()));
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        bail!("give a prompt: as an argument, with -f FILE, or on standard input");
+    }
+    let mut s = String::new();
+    stdin
+        .lock()
+        .read_to_string(&mut s)
+        .context("reading the prompt from standard input")?;
+    // A trailing newline from `echo` is not part of the prompt.
+    while s.ends_with(['\n', '\r']) {
+        s.pop();
+    }
+    Ok(s)
 }
 
 /// A cancellation flag raised by Ctrl-C. The first Ctrl-C stops the current generation; a
@@ -228,7 +313,7 @@ pub fn print_perf(c: &Completion) {
         damascus_runtime::generate::StopReason::StopString(s) => format!("stop string {s:?}"),
         r => r.as_str().to_string(),
     };
-    eprintln!("\n[stopped: {reason}]\n{}", c.timings);
+    super::err_line(format_args!("\n[stopped: {reason}]\n{}", c.timings));
 }
 
 #[derive(serde::Serialize)]
@@ -244,10 +329,42 @@ struct JsonOut<'a> {
     backend: &'static str,
 }
 
-fn generate(args: &CommonArgs, prompt: &str) -> anyhow::Result<()> {
-    let scfg = args.sampling.sampler_config()?;
+/// The prompt's token ids: raw, or (`chat`) one user message through the model's chat
+/// template with the assistant header appended, when the model has a template.
+fn prompt_ids(
+    args: &CommonArgs,
+    tok: &Tokenizer,
+    prompt: &str,
+    chat: bool,
+) -> anyhow::Result<(Vec<u32>, bool)> {
+    let template = if chat {
+        damascus_tokenizer::ChatTemplate::from_tokenizer(tok).ok()
+    } else {
+        None
+    };
+    let Some(template) = template else {
+        return Ok((tok.encode(prompt, !args.no_bos, args.special), false));
+    };
+    let messages = serde_json::json!([{"role": "user", "content": prompt}]);
+    let text = template
+        .render(&messages, true, None)
+        .context("rendering the chat template (--raw skips it)")?;
+    let mut ids = tok.encode(&text, false, true);
+    if !args.no_bos
+        && tok.add_bos()
+        && let Some(bos) = tok.bos()
+        && ids.first() != Some(&bos)
+    {
+        ids.insert(0, bos);
+    }
+    Ok((ids, true))
+}
+
+fn generate(args: &CommonArgs, prompt: &str, chat: bool) -> anyhow::Result<()> {
+    args.sampling.check()?;
     let (model, tok) = args.engine.load()?;
-    let ids = tok.encode(prompt, !args.no_bos, args.special);
+    let scfg = args.sampling.sampler_config(model.n_ctx())?;
+    let (ids, templated) = prompt_ids(args, &tok, prompt, chat)?;
     if ids.is_empty() {
         bail!("the prompt tokenizes to nothing");
     }
@@ -259,7 +376,7 @@ fn generate(args: &CommonArgs, prompt: &str) -> anyhow::Result<()> {
     let mut seq = Sequence::new(model.session()?);
     let mut generator = Generator::new(&mut seq, &tok, gcfg, sampler, &ids);
     let mut stdout = std::io::stdout().lock();
-    if !args.json {
+    if !args.json && !templated {
         write!(stdout, "{prompt}")?;
         stdout.flush()?;
     }

@@ -37,6 +37,8 @@ struct Summary {
     n_params: u64,
     config: ModelConfig,
     seconds: f64,
+    /// The file carries tokenizer metadata (checked).
+    has_tokenizer: bool,
 }
 
 /// Run `damascus load`.
@@ -57,20 +59,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(m) = &reference {
             j["reference"] = json!({ "matches": m.is_empty(), "mismatches": m });
         }
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?)?;
     } else {
-        print_text(&summary);
+        print_text(&summary)?;
         if let Some(m) = &reference {
             if m.is_empty() {
-                println!("config ✓ matches reference");
+                outln!("config ✓ matches reference")?;
             } else {
-                println!(
+                outln!(
                     "config ✗ {} mismatch{} with reference:",
                     m.len(),
                     if m.len() == 1 { "" } else { "es" }
-                );
+                )?;
                 for line in m {
-                    println!("  {line}");
+                    outln!("  {line}")?;
                 }
             }
         }
@@ -92,6 +94,8 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
     config
         .check_tensors(&file)
         .with_context(|| format!("{}: config ✗ inconsistent", path.display()))?;
+    let has_tokenizer = check_tokenizer(&file, config.n_vocab as usize)
+        .with_context(|| format!("{}: tokenizer ✗ inconsistent", path.display()))?;
     let seconds = t0.elapsed().as_secs_f64();
     let file_type = match config.file_type {
         Some(ft) => ft.name().to_string(),
@@ -106,7 +110,65 @@ fn load(path: &Path) -> anyhow::Result<Summary> {
         n_params: file.tensors().iter().map(|t| t.n_elements()).sum(),
         config,
         seconds,
+        has_tokenizer,
     })
+}
+
+/// The tokenizer metadata agrees with itself and the model: the token list, scores and types
+/// have one entry per token, as many as the output matrix has rows, and every special-token id
+/// (bos, eos, eot, eom, unk, sep, pad, mask) lies inside the vocabulary. False when the file
+/// has no tokenizer (a weights-only file).
+fn check_tokenizer(file: &GgufFile, n_vocab: usize) -> anyhow::Result<bool> {
+    use damascus_gguf::keys;
+    let md = file.metadata();
+    let Some(tokens) = md.get(keys::TOKENIZER_TOKENS) else {
+        return Ok(false);
+    };
+    let n_tokens = tokens
+        .as_array()
+        .map(|a| a.len())
+        .with_context(|| format!("{} is not an array", keys::TOKENIZER_TOKENS))?;
+    if n_tokens != n_vocab {
+        bail!(
+            "{} has {n_tokens} entries but the model's vocabulary is {n_vocab}",
+            keys::TOKENIZER_TOKENS
+        );
+    }
+    for key in [keys::TOKENIZER_SCORES, keys::TOKENIZER_TOKEN_TYPE] {
+        if let Some(v) = md.get(key) {
+            let n = v
+                .as_array()
+                .map(|a| a.len())
+                .with_context(|| format!("{key} is not an array"))?;
+            if n != n_tokens {
+                bail!(
+                    "{key} has {n} entries but {} has {n_tokens}",
+                    keys::TOKENIZER_TOKENS
+                );
+            }
+        }
+    }
+    let ids = [
+        keys::TOKENIZER_BOS_ID,
+        keys::TOKENIZER_EOS_ID,
+        keys::TOKENIZER_EOT_ID,
+        keys::TOKENIZER_EOM_ID,
+        keys::TOKENIZER_UNK_ID,
+        keys::TOKENIZER_SEP_ID,
+        keys::TOKENIZER_PAD_ID,
+        keys::TOKENIZER_MASK_ID,
+    ];
+    for key in ids {
+        if let Some(v) = md.get(key) {
+            let id = v
+                .as_u64()
+                .with_context(|| format!("{key} is not an unsigned integer"))?;
+            if id >= n_tokens as u64 {
+                bail!("{key} = {id} is outside the vocabulary (0..{n_tokens})");
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Without `general.file_type`: the most common type among 2-D tensors, marked as a guess.
@@ -125,19 +187,21 @@ fn guess_file_type(file: &GgufFile) -> String {
         .unwrap_or_else(|| "unknown type".into())
 }
 
-fn print_text(s: &Summary) {
+fn print_text(s: &Summary) -> std::io::Result<()> {
     let c = &s.config;
-    println!(
+    outln!(
         "gguf v{} · {} · {}",
         s.version,
         s.file_type,
         human_bytes(s.file_size)
-    );
-    println!(
+    )?;
+    outln!(
         "arch {} · {} layers · {} hidden",
-        c.arch, c.n_layer, c.n_embd
-    );
-    println!("ffn {} · {} · RMSNorm", c.ffn_name(), c.n_ff);
+        c.arch,
+        c.n_layer,
+        c.n_embd
+    )?;
+    outln!("ffn {} · {} · RMSNorm", c.ffn_name(), c.n_ff)?;
     let attn = if c.n_head_kv == c.n_head {
         "MHA"
     } else if c.n_head_kv == 1 {
@@ -145,16 +209,18 @@ fn print_text(s: &Summary) {
     } else {
         "GQA"
     };
-    println!(
+    outln!(
         "attn {attn} · {} heads / {} kv · head dim {}",
-        c.n_head, c.n_head_kv, c.head_dim
-    );
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim
+    )?;
     let head = if c.tied_embeddings {
         "tied embeddings"
     } else {
         "separate output"
     };
-    println!("vocab {} · {head}", group(c.n_vocab as u64));
+    outln!("vocab {} · {head}", group(c.n_vocab as u64))?;
     let mut rope = format!(
         "rope theta {} · dim {} · ctx {}",
         number(c.rope_theta),
@@ -168,18 +234,23 @@ fn print_text(s: &Summary) {
             number(sc.factor)
         ));
     }
-    println!("{rope}");
+    outln!("{rope}")?;
     let features = c.features();
     if !features.is_empty() {
-        println!("{} · {}", c.family.arch(), features.join(" · "));
+        outln!("{} · {}", c.family.arch(), features.join(" · "))?;
     }
     if c.has_rope_freqs {
-        println!(
+        outln!(
             "llama3 rope factors (rope_freqs.weight, {} entries)",
             c.rope_dim / 2
-        );
+        )?;
     }
-    println!("loaded in {:.1}s · config ✓ consistent", s.seconds);
+    let tok = if s.has_tokenizer {
+        "tokenizer ✓ consistent"
+    } else {
+        "no tokenizer"
+    };
+    outln!("loaded in {:.1}s · config ✓ consistent · {tok}", s.seconds)
 }
 
 fn to_json(s: &Summary) -> Json {

@@ -1,6 +1,22 @@
 //! One module per subcommand. Each defines its clap `Args` and a `run` function.
 //!
-//! Shared flag groups (the model argument) live here so every command spells them the same way.
+//! Shared flag groups (the model argument) live here so every command spells them the same way,
+//! with the helpers every command uses: [`threads`] (the `-t` rule) and [`out`] (printing that
+//! never panics on a closed pipe).
+
+/// `eprintln!` that never panics: a closed stderr is ignored.
+macro_rules! errln {
+    ($($t:tt)*) => {
+        $crate::cmd::err_line(format_args!($($t)*))
+    };
+}
+
+/// `println!` that returns the write error (`?` it; `main` exits quietly on a closed pipe).
+macro_rules! outln {
+    ($($t:tt)*) => {
+        $crate::cmd::out(format_args!($($t)*))
+    };
+}
 
 pub mod bench;
 pub mod chat;
@@ -18,6 +34,7 @@ pub mod template;
 pub mod tokenize;
 pub mod verify;
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use damascus_model::BackendKind;
@@ -34,8 +51,60 @@ pub struct ModelArg {
 impl ModelArg {
     /// Resolve to a local GGUF path, fetching the default model, a named model or a URL if needed.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        if let Some(m) = self.model.as_deref()
+            && std::path::Path::new(m).is_dir()
+        {
+            anyhow::bail!("{m} is a directory, not a GGUF model file");
+        }
         Ok(damascus_hub::resolve_model(self.model.as_deref())?)
     }
+}
+
+/// Cores this process may use (at least 1).
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The `-t/--threads` rule of every command: `None` = the command's default, `0` = all
+/// available cores, more than the available cores = clamped to them with a warning (more
+/// threads than cores only makes the workers wait for each other).
+pub fn threads(requested: Option<usize>) -> Option<usize> {
+    let cores = available_cores();
+    match requested? {
+        0 => Some(cores),
+        n if n > cores => {
+            warn(format_args!(
+                "-t {n} is more than the {cores} available cores; using {cores}"
+            ));
+            Some(cores)
+        }
+        n => Some(n),
+    }
+}
+
+/// A warning on stderr (`warning: ...`); a closed stderr is ignored.
+pub fn warn(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "warning: {args}");
+}
+
+/// One line on stderr; a closed stderr is ignored (never a panic).
+pub fn err_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
+
+/// One line on stdout. A closed pipe comes back as an error (`main` then exits quietly).
+pub fn out(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_fmt(args)?;
+    o.write_all(b"\n")
+}
+
+/// True when the error comes from writing to a closed pipe (`damascus ... | head`).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Which engine runs the model.
@@ -59,7 +128,7 @@ pub struct BackendArg {
     pub device: usize,
     /// Decoder layers on the GPU (with --backend cuda; default all): fewer runs the last N
     /// layers on the GPU and the rest on the CPU, for models larger than the GPU's memory.
-    #[arg(long = "ngl", alias = "n-gpu-layers", value_name = "N")]
+    #[arg(long = "ngl", aliases = ["n-gpu-layers", "gpu-layers"], value_name = "N")]
     pub n_gpu_layers: Option<usize>,
     /// Keep the CPU weights in the file's layout instead of repacking them at load for the
     /// int8 kernels (also `DAMASCUS_REPACK=0`).
@@ -96,8 +165,18 @@ impl BackendArg {
                 n_gpu_layers: self.n_gpu_layers,
                 n_threads: threads,
             },
-            (BackendChoice::Cpu, _, _) if self.n_gpu_layers.is_some_and(|n| n > 0) => {
-                anyhow::bail!("--ngl needs --backend cuda")
+            (BackendChoice::Cpu, reference, threads)
+                if self.n_gpu_layers.is_some_and(|n| n > 0) =>
+            {
+                // llama.cpp ignores -ngl without a GPU backend; so do we, with a word.
+                warn(format_args!(
+                    "-ngl is for --backend cuda; the model runs on the CPU"
+                ));
+                match (reference, threads) {
+                    (true, _) => BackendKind::Reference,
+                    (false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },
+                    (false, None) => BackendKind::Auto,
+                }
             }
             (BackendChoice::Cpu, true, _) => BackendKind::Reference,
             (BackendChoice::Cpu, false, Some(n)) => BackendKind::Cpu { n_threads: Some(n) },

@@ -77,6 +77,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut session = model.session()?;
     let logits = session.eval(&ids)?;
+    let n_bad = logits.iter().filter(|l| !l.is_finite()).count();
+    if n_bad > 0 {
+        bail!(
+            "the model produced {n_bad} non-finite logits (NaN or inf) of {}; its weights may be \
+             corrupt (try `damascus load`, or --reference to compare)",
+            logits.len()
+        );
+    }
     let probs = probabilities(&logits);
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
@@ -91,10 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     if args.json {
         let out = serde_json::json!({ "ids": ids, "top": top });
-        println!("{out}");
+        outln!("{out}")?;
     } else {
         for c in &top {
-            println!("{:>6.2}%  {:?}", c.p * 100.0, c.piece);
+            outln!("{:>6.2}%  {:?}", c.p * 100.0, c.piece)?;
         }
     }
     Ok(())

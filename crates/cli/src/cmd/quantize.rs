@@ -32,7 +32,7 @@ pub struct Args {
     /// Quantize every tensor to the base type (no k-quant mixture).
     #[arg(long)]
     pub pure: bool,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default and 0: all cores; clamped to the available cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
     /// No progress bar.
@@ -51,8 +51,7 @@ pub fn parse_mix(name: &str) -> anyhow::Result<Mix> {
 /// Run `damascus quantize`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mix = parse_mix(&args.file_type)?;
-    let threads = args
-        .threads
+    let threads = super::threads(args.threads)
         .unwrap_or_else(damascus_convert::default_threads)
         .max(1);
     let opts = QuantizeOptions {
@@ -74,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    eprintln!(
+    errln!(
         "quantized {} tensors ({} converted, {} row-length fallbacks) to {}: {:.1} MiB -> {:.1} MiB, file {:.1} MiB, {:.1} s on {} threads",
         s.n_tensors,
         s.n_converted,
@@ -86,12 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64(),
         threads
     );
-    println!("{}", args.output.display());
+    outln!("{}", args.output.display())?;
     Ok(())
 }
 
-/// Progress over all tensor elements, with the current tensor in the message. Ctrl-C sets the
-/// cancel flag (the run stops and removes its temporary file); a second Ctrl-C exits at once.
+/// Progress over all tensor elements, with the current tensor in the message. Ctrl-C, SIGTERM
+/// and SIGHUP set the cancel flag (the run stops and removes its temporary file); a second
+/// signal exits at once.
 pub struct Bar {
     bar: ProgressBar,
     cancelled: Arc<AtomicBool>,

@@ -47,10 +47,39 @@ pub struct Args {
     /// Do not log one line per request to stderr.
     #[arg(long)]
     quiet: bool,
+    /// Allow browser requests from this origin (CORS; `*` for any). Off by default.
+    #[arg(long, value_name = "ORIGIN")]
+    cors_origin: Option<String>,
+    /// Seconds to wait for a request's headers (an idle connection is closed after this) and,
+    /// again, for its body.
+    #[arg(
+        long = "timeout",
+        alias = "to",
+        default_value_t = 30,
+        value_name = "SECONDS"
+    )]
+    timeout: u64,
 }
 
 /// Run `damascus serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Settings that need no model are checked before loading one.
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty; leave it out to serve without a key");
+    }
+    for (flag, v) in [
+        ("--max-tokens", args.max_tokens),
+        ("--max-body", args.max_body),
+        ("--queue-size", args.queue_size),
+        ("--parallel", args.parallel),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{flag} must be at least 1");
+        }
+    }
+    if args.timeout == 0 {
+        anyhow::bail!("--timeout must be at least 1 second");
+    }
     let path = args.engine.model.resolve()?;
     let (model, tok) = args.engine.load()?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
@@ -64,14 +93,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue_size: args.queue_size,
         max_body_bytes: args.max_body,
         max_tokens_cap: args.max_tokens,
-        api_key: args
-            .api_key
-            .clone()
-            .or_else(|| std::env::var("DAMASCUS_API_KEY").ok())
-            .filter(|k| !k.is_empty()),
+        // An explicit empty --api-key is refused (ServerConfig checks it); an empty
+        // DAMASCUS_API_KEY counts as unset.
+        api_key: args.api_key.clone().or_else(|| {
+            std::env::var("DAMASCUS_API_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+        }),
         model_id: model_id.clone(),
         aliases: args.aliases.clone(),
         log_requests: !args.quiet,
+        cors_origin: args.cors_origin.clone(),
+        header_timeout: std::time::Duration::from_secs(args.timeout),
+        body_timeout: std::time::Duration::from_secs(args.timeout),
     };
     let parallel = cfg.parallel;
     let n_ctx = model.n_ctx();
@@ -82,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &args.host,
         args.port,
         |addr| {
-            eprintln!(
+            errln!(
                 "damascus serve: model '{model_id}' ({} slots x {n_ctx} ctx) listening on http://{addr}",
                 parallel
             );

@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = super::quantize::Bar::new(args.quiet);
     let s = synth_model(&opts, &args.output, &bar)
         .with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!(
+    errln!(
         "synthesized {} ({} tensors, {:.3} B params, {}, seed {:#x}): {:.2} GiB in {:.1} s on {} threads",
         shape.name,
         s.n_tensors,
@@ -68,6 +68,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64(),
         threads
     );
-    println!("{}", args.output.display());
+    outln!("{}", args.output.display())?;
     Ok(())
 }

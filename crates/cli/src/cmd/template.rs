@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             match super::tokenize::load_tokenizer(&args.model) {
                 Ok(tok) => ChatTemplate::new(src, tok.bos_text(), tok.eos_text()),
                 Err(e) if args.model.model.is_none() => {
-                    eprintln!("warning: no model for bos/eos tokens ({e:#}); using empty strings");
+                    errln!("warning: no model for bos/eos tokens ({e:#}); using empty strings");
                     ChatTemplate::new(src, "", "")
                 }
                 Err(e) => return Err(e),
@@ -55,6 +55,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => ChatTemplate::from_tokenizer(&super::tokenize::load_tokenizer(&args.model)?)?,
     };
     let text = template.render(&messages, args.add_generation_prompt, extra.as_ref())?;
-    print!("{text}");
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())?;
     Ok(())
 }

@@ -60,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let report = verify(&model, &fixture)?;
 
-    println!(
+    outln!(
         "{} · {} tokens · {} backend · fixture {}",
         path.file_name()
             .map(|n| n.to_string_lossy())
@@ -68,36 +68,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fixture.meta.ids.len(),
         model.backend_name(),
         args.fixture.display()
-    );
+    )?;
     for s in &report.slots {
         let mark = if s.cosine >= tol.min_cosine {
             ' '
         } else {
             '✗'
         };
-        println!(
+        outln!(
             "{mark} {:<12} cosine {:.7}  max|Δ| {:.3e}",
-            s.label, s.cosine, s.max_abs
-        );
+            s.label,
+            s.cosine,
+            s.max_abs
+        )?;
     }
-    println!(
+    outln!(
         "  logits       cosine {:.7}  (over HF's top {})",
         report.logits_cosine,
         fixture.meta.top_ids.len()
-    );
+    )?;
     for (id, ours, hf) in &report.top5 {
-        println!(
+        outln!(
             "  top-5 id {id:>6}  ours {:>6.2}%  HF {:>6.2}%",
             ours * 100.0,
             hf * 100.0
-        );
+        )?;
     }
     if report.passed(&tol) {
-        println!(
+        outln!(
             "forward pass ✓ cosine {:.6} vs HF · top-1 exact · top-5 Δp ≤ {:.3}%",
             report.min_cosine(),
             report.max_top5_diff() * 100.0
-        );
+        )?;
         return Ok(());
     }
     let mut why = Vec::new();
@@ -123,6 +125,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tol.max_top5_prob_diff * 100.0
         ));
     }
-    println!("forward pass ✗ {}", why.join(" · "));
+    outln!("forward pass ✗ {}", why.join(" · "))?;
     bail!("forward pass does not match the fixture")
 }
