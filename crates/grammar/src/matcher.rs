@@ -55,10 +55,33 @@ trait Store {
     fn make(&mut self, n: Node) -> u32;
 }
 
+/// FxHash-style hasher for the node index (keys are two small integers).
+#[derive(Debug, Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+
 #[derive(Debug, Default, Clone)]
 struct Arena {
     nodes: Vec<Node>,
-    index: HashMap<Node, u32>,
+    index: HashMap<Node, u32, FxBuild>,
 }
 
 impl Store for Arena {
@@ -108,9 +131,6 @@ impl Store for Scratch<'_> {
     }
     #[inline]
     fn make(&mut self, n: Node) -> u32 {
-        if let Some(&id) = self.base.index.get(&n) {
-            return id;
-        }
         let h = (n.pos.wrapping_mul(0x9E37_79B9) ^ n.parent.wrapping_mul(0x85EB_CA6B)) as usize
             % SCRATCH_SLOTS;
         let s = self.slots[h];
