@@ -15,6 +15,7 @@
 pub mod api;
 pub mod metrics;
 pub mod routes;
+pub mod structured;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -110,6 +111,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Unix time the server started (the `created` of `/v1/models`).
     pub started: u64,
+    /// The vocabulary trie of grammar-constrained requests, built on first use.
+    pub grammar_vocab: std::sync::OnceLock<Arc<damascus_grammar::Vocab>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -202,6 +205,7 @@ fn build_state(
         queue,
         metrics,
         started: now_unix(),
+        grammar_vocab: std::sync::OnceLock::new(),
     });
     Ok((state, workers))
 }

@@ -19,6 +19,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::AppState;
 use crate::api::{self, Params};
+use crate::structured;
 use crate::metrics::Metrics;
 use crate::worker::{Job, Out};
 
@@ -283,6 +284,7 @@ struct Reply {
     model: String,
     logprobs: bool,
     include_usage: bool,
+    tools: Option<structured::ToolPlan>,
 }
 
 async fn chat(
@@ -293,13 +295,19 @@ async fn chat(
     let req: api::ChatRequest = api::parse(&body)?;
     check_model(&st, &req.params)?;
     let top = api::top_logprobs(req.top_logprobs, "top_logprobs")?;
-    let prompt = api::chat_prompt(&st.tok, st.template.as_ref(), &req.messages)?;
+    let extras: structured::Extras = api::parse(&body)?;
+    let plan = structured::Plan::new(&extras, st.template.as_ref())?;
+    let prompt = if structured::needs_prompt(&extras, &plan) {
+        structured::chat_prompt(&st.tok, st.template.as_ref(), &extras, &plan)?
+    } else {
+        api::chat_prompt(&st.tok, st.template.as_ref(), &req.messages)?
+    };
     let (s, mut g) = req
         .params
         .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap)?;
     g.logprobs = req.logprobs;
     g.top_logprobs = if req.logprobs { top } else { 0 };
-    start(&st, Kind::Chat, prompt, s, g, &req.params, req.logprobs).await
+    start(&st, Kind::Chat, prompt, s, g, &req.params, req.logprobs, plan).await
 }
 
 async fn completions(
@@ -317,6 +325,14 @@ async fn completions(
     }
     let top = api::top_logprobs(req.logprobs, "logprobs")?;
     let prompt = api::completion_prompt(&st.tok, &req.prompt)?;
+    let extras: structured::Extras = api::parse(&body)?;
+    if extras.tools.is_some() {
+        return Err(ApiError::bad_request(
+            "tools are only supported on /v1/chat/completions".into(),
+            Some("tools"),
+        ));
+    }
+    let plan = structured::Plan::new(&extras, None)?;
     let (s, mut g) = req
         .params
         .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap)?;
@@ -330,6 +346,7 @@ async fn completions(
         g,
         &req.params,
         req.logprobs.is_some(),
+        plan,
     )
     .await
 }
@@ -343,6 +360,7 @@ async fn start(
     gen_cfg: damascus_runtime::generate::GenerateConfig,
     params: &Params,
     logprobs: bool,
+    plan: structured::Plan,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let n = st.queue.next_id();
@@ -356,6 +374,7 @@ async fn start(
         sampler,
         generate: gen_cfg,
         cache_prompt: params.cache_prompt.unwrap_or(true),
+        grammar: plan.constraint(&st.grammar_vocab, &st.tok),
         tx,
         enqueued: Instant::now(),
     };
@@ -377,6 +396,7 @@ async fn start(
         model: st.cfg.model_id.clone(),
         logprobs,
         include_usage: params.include_usage(),
+        tools: plan.tools,
     };
     if params.stream {
         Ok(stream_reply(Arc::clone(&st.tok), reply, rx))
@@ -408,7 +428,7 @@ async fn whole_reply(
         }
     };
     let finish = api::finish_reason(&done.reason);
-    let body = match r.kind {
+    let mut body = match r.kind {
         Kind::Chat => {
             let lp = r.logprobs.then(|| {
                 json!({"content": tokens.iter().map(|t| api::chat_logprob(tok, t)).collect::<Vec<_>>()})
@@ -435,6 +455,9 @@ async fn whole_reply(
             })
         }
     };
+    if let Some(tp) = &r.tools {
+        structured::tool_reply(&mut body, tp, &r.id);
+    }
     Ok(axum::Json(body).into_response())
 }
 
@@ -445,6 +468,7 @@ struct Streamer {
     rx: UnboundedReceiver<Out>,
     started: bool,
     finished: bool,
+    held: String, // text held back while a tool call may be forming
 }
 
 fn sse(v: &Value) -> String {
@@ -499,6 +523,9 @@ impl Streamer {
         self.started = true;
         loop {
             match self.rx.recv().await {
+                Some(Out::Token(t)) if self.r.tools.is_some() => {
+                    self.held.push_str(&t.text);
+                }
                 Some(Out::Token(t)) => {
                     let eog = self.tok.is_eog(t.id);
                     let lp = if eog { None } else { self.token_logprobs(&t) };
@@ -511,10 +538,23 @@ impl Streamer {
                     }
                 }
                 Some(Out::Done(c, _)) => {
-                    if !c.tail.is_empty() {
+                    let mut finish = api::finish_reason(&c.reason);
+                    if let Some(tp) = &self.r.tools {
+                        let text = std::mem::take(&mut self.held) + &c.tail;
+                        if let Some(calls) = structured::tool_calls(&text, tp, &self.r.id) {
+                            for d in structured::tool_deltas(&calls) {
+                                let mut ch = self.chunk("", None, None);
+                                ch["choices"][0]["delta"] = d;
+                                out.push_str(&sse(&ch));
+                            }
+                            finish = "tool_calls";
+                        } else if !text.is_empty() {
+                            out.push_str(&sse(&self.chunk(&text, None, None)));
+                        }
+                    } else if !c.tail.is_empty() {
                         out.push_str(&sse(&self.chunk(&c.tail, None, None)));
                     }
-                    let mut fin = self.chunk("", None, Some(api::finish_reason(&c.reason)));
+                    let mut fin = self.chunk("", None, Some(finish));
                     fin["timings"] = api::timings(&c.timings);
                     if self.r.include_usage {
                         out.push_str(&sse(&fin));
@@ -556,6 +596,7 @@ fn stream_reply(
         rx,
         started: false,
         finished: false,
+        held: String::new(),
     };
     let body = futures_util::stream::unfold(s, |mut s| async move {
         s.next()

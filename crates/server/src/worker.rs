@@ -37,6 +37,8 @@ pub struct Job {
     pub generate: GenerateConfig,
     /// Reuse the slot's cached prompt prefix (`cache_prompt`).
     pub cache_prompt: bool,
+    /// Grammar constraint on the output (structured output, forced tool calls).
+    pub grammar: Option<damascus_runtime::sampler::GrammarConstraint>,
     /// Where events go.
     pub tx: UnboundedSender<Out>,
     /// When the job was queued.
@@ -228,7 +230,12 @@ impl Worker {
         };
         let m = &self.metrics;
         let sampler = match SamplerChain::from_config(&job.sampler) {
-            Ok(s) => s,
+            Ok(mut s) => {
+                if let Some(g) = job.grammar {
+                    s.set_grammar(g);
+                }
+                s
+            }
             Err(e) => {
                 Metrics::add(&m.gen_failed, 1);
                 let _ = job.tx.send(Out::Error(e.to_string()));
