@@ -11,6 +11,7 @@ tool calls; then a tool result fed back. Exits non-zero on the first failure.
 import argparse
 import json
 import sys
+import time
 from typing import List, Literal
 
 import jsonschema
@@ -64,6 +65,9 @@ TOOLS = [
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 
 
+T0 = time.time()
+
+
 def check(name, cond, detail=""):
     if not cond:
         print(f"FAIL {name}  {detail}")
@@ -95,7 +99,7 @@ def run(base, key, runs):
         check("parse: finish", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
         check("parse: parsed", isinstance(msg.parsed, Person), msg.content)
         jsonschema.validate(json.loads(msg.content), Person.model_json_schema())
-    print(f"ok   pydantic parse x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   pydantic parse x{runs}")
 
     # 2. A raw json_schema (escaped strings, number, nullable, enum array with minItems).
     rf = {"type": "json_schema", "json_schema": {"name": "weather", "schema": RAW_SCHEMA, "strict": True}}
@@ -104,7 +108,7 @@ def run(base, key, runs):
                                       response_format=rf, seed=100 + i, **common)
         check("json_schema: finish", r.choices[0].finish_reason == "stop", r.choices[0].message.content)
         jsonschema.validate(json.loads(r.choices[0].message.content), RAW_SCHEMA)
-    print(f"ok   json_schema x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   json_schema x{runs}")
 
     # 3. json_object: any object.
     for i in range(runs):
@@ -115,7 +119,7 @@ def run(base, key, runs):
             check("json_object: an object", isinstance(json.loads(text), dict), text)
         else:
             check("json_object: prefix of an object", text.lstrip().startswith("{"), text)
-    print(f"ok   json_object x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   json_object x{runs}")
 
     q = [{"role": "user", "content": "What is the weather in Paris?"}]
     # 4. tool_choice required.
@@ -123,7 +127,7 @@ def run(base, key, runs):
         r = c.chat.completions.create(messages=q, tools=TOOLS, tool_choice="required", seed=300 + i, **common)
         check("required: finish", r.choices[0].finish_reason == "tool_calls", r.choices[0])
         validate_calls("required", r.choices[0].message.tool_calls)
-    print(f"ok   tool_choice required x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   tool_choice required x{runs}")
 
     # 5. A named function.
     named = {"type": "function", "function": {"name": "get_time"}}
@@ -131,7 +135,7 @@ def run(base, key, runs):
         r = c.chat.completions.create(messages=q, tools=TOOLS, tool_choice=named, seed=400 + i, **common)
         check("named: finish", r.choices[0].finish_reason == "tool_calls", r.choices[0])
         validate_calls("named", r.choices[0].message.tool_calls, only="get_time")
-    print(f"ok   named tool x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   named tool x{runs}")
 
     # 6. Streamed tool calls, accumulated from the deltas as clients do.
     for i in range(runs):
@@ -157,7 +161,7 @@ def run(base, key, runs):
             check("stream: id", bool(e["id"]), e)
             check("stream: name", e["name"] in SCHEMAS, e)
             jsonschema.validate(json.loads(e["arguments"]), SCHEMAS[e["name"]])
-    print(f"ok   streamed tool calls x{runs}")
+    print(f"[{time.time() - T0:6.1f}s] ok   streamed tool calls x{runs}")
 
     # 7. The tool result fed back: an assistant turn with tool_calls, then a tool message.
     r = c.chat.completions.create(messages=q, tools=TOOLS, tool_choice="required", seed=1, **common)

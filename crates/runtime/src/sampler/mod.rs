@@ -214,6 +214,9 @@ pub struct SamplerChain {
     cands: Candidates, // reused buffer: [n_vocab] candidates of the last sample
     grammar: Option<GrammarConstraint>,
     grammar_pick: Option<u32>, // the last pick, committed to the grammar by `accept`
+    // When the chain starts with a top-k of the raw logits (or is plain greedy: k = 1), only the
+    // k best allowed tokens can matter after masking.
+    head_top_k: Option<usize>,
 }
 
 impl SamplerChain {
@@ -276,6 +279,11 @@ impl SamplerChain {
                 SamplerKind::Temperature => chain.push(Temperature::new(cfg.temp)),
             }
         }
+        chain.head_top_k = match chain.stages.first().map(|s| s.name()) {
+            Some("top_k") if cfg.logit_bias.is_empty() => Some(cfg.top_k),
+            None if greedy => Some(1),
+            _ => None,
+        };
         if greedy {
             chain.push(Greedy);
         } else {
@@ -322,7 +330,10 @@ impl SamplerChain {
         {
             // The pick breaks the grammar: mask every refused token and pick again.
             self.cands.fill_from_logits(logits);
-            g.apply(&mut self.cands);
+            match self.head_top_k {
+                Some(k) => g.apply_top_k(&mut self.cands, k),
+                None => g.apply(&mut self.cands),
+            }
             if self.cands.is_empty() {
                 return Err(RuntimeError::NoCandidates {
                     chain: "grammar (it allows no token of the vocabulary here)".into(),
