@@ -117,10 +117,10 @@ pub enum Elem {
 /// A parsed grammar: every rule's alternatives as runs of [`Elem`]s in one flat array.
 #[derive(Debug, Clone)]
 pub struct Grammar {
-    names: Vec<String>,   // [n_rules] rule names (generated ones: `name#N`)
-    alts: Vec<Vec<u32>>,  // [n_rules][n_alts] index in `elems` of each alternative's start
-    elems: Vec<Elem>,     // [n_elems] all alternatives, each closed by End
-    classes: Vec<Class>,  // [n_classes]
+    names: Vec<String>,  // [n_rules] rule names (generated ones: `name#N`)
+    alts: Vec<Vec<u32>>, // [n_rules][n_alts] index in `elems` of each alternative's start
+    elems: Vec<Elem>,    // [n_elems] all alternatives, each closed by End
+    classes: Vec<Class>, // [n_classes]
     root: u32,
 }
 

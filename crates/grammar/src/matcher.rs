@@ -16,9 +16,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::GrammarError;
 use crate::gbnf::{Elem, Grammar};
 use crate::vocab::{TokenMask, Vocab};
-use crate::GrammarError;
 
 const NONE: u32 = u32::MAX;
 /// Deepest chain of rule references expanded without consuming a character; deeper branches
@@ -223,10 +223,12 @@ fn step_byte<S: Store>(
     let any_meets = |st: &S, buf: &Vec<u32>, p: &Partial| {
         let (lo, hi) = p.range();
         lo <= hi
-            && buf[src.clone()].iter().any(|&s| match g.elem(st.get(s).pos) {
-                Elem::Char(c) => g.class(c).intersects(lo, hi),
-                _ => false,
-            })
+            && buf[src.clone()]
+                .iter()
+                .any(|&s| match g.elem(st.get(s).pos) {
+                    Elem::Char(c) => g.class(c).intersects(lo, hi),
+                    _ => false,
+                })
     };
     let cp = if partial.need == 0 {
         if b < 0x80 {

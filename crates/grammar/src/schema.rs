@@ -197,7 +197,10 @@ impl Builder<'_> {
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts
                 .iter()
-                .map(|t| t.as_str().ok_or_else(|| bad(path, "'type' entries must be strings")))
+                .map(|t| {
+                    t.as_str()
+                        .ok_or_else(|| bad(path, "'type' entries must be strings"))
+                })
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(bad(path, "'type' must be a string or a list")),
         };
@@ -312,7 +315,10 @@ impl Builder<'_> {
         }
         let lo = min.unwrap_or(0);
         if lo > 1000 || max.is_some_and(|m| m > 1000) {
-            return Err(bad(path, "minLength/maxLength above 1000 are not supported"));
+            return Err(bad(
+                path,
+                "minLength/maxLength above 1000 are not supported",
+            ));
         }
         if max.is_some_and(|m| m < lo) {
             return Err(bad(path, "maxLength < minLength"));
@@ -362,12 +368,20 @@ impl Builder<'_> {
         let limit = 1e15;
         let lo = match min {
             Some(m) if m.abs() > limit => return Err(bad(path, "integer bound too large")),
-            Some(m) => Some(if xmin { m.floor() as i64 + 1 } else { m.ceil() as i64 }),
+            Some(m) => Some(if xmin {
+                m.floor() as i64 + 1
+            } else {
+                m.ceil() as i64
+            }),
             None => None,
         };
         let hi = match max {
             Some(m) if m.abs() > limit => return Err(bad(path, "integer bound too large")),
-            Some(m) => Some(if xmax { m.ceil() as i64 - 1 } else { m.floor() as i64 }),
+            Some(m) => Some(if xmax {
+                m.ceil() as i64 - 1
+            } else {
+                m.floor() as i64
+            }),
             None => None,
         };
         if let (Some(a), Some(b)) = (lo, hi)
@@ -387,10 +401,9 @@ impl Builder<'_> {
         let (min, max, xmin, _) = Self::bounds(obj, path)?;
         match (min, max, xmin) {
             (None, None, _) => Ok("number".into()),
-            (Some(m), None, false) if m == 0.0 => Ok(self.rule(
-                &format!("{path}-nonneg"),
-                "int frac? exp?".into(),
-            )),
+            (Some(m), None, false) if m == 0.0 => {
+                Ok(self.rule(&format!("{path}-nonneg"), "int frac? exp?".into()))
+            }
             _ => Err(unsupported(
                 "minimum/maximum on a non-integer number (only minimum: 0 is supported)",
                 path,
@@ -413,20 +426,29 @@ impl Builder<'_> {
             None => Vec::new(),
             Some(Value::Array(r)) => r
                 .iter()
-                .map(|x| x.as_str().ok_or_else(|| bad(path, "'required' entries must be strings")))
+                .map(|x| {
+                    x.as_str()
+                        .ok_or_else(|| bad(path, "'required' entries must be strings"))
+                })
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(bad(path, "'required' must be a list")),
         };
         for r in &required {
             if !props.contains_key(*r) {
-                return Err(bad(path, format!("required property '{r}' is not in 'properties'")));
+                return Err(bad(
+                    path,
+                    format!("required property '{r}' is not in 'properties'"),
+                ));
             }
         }
         let mut req = Vec::new();
         let mut opt = Vec::new();
         for (name, sub) in props {
             let v = self.visit(sub, &format!("{path}/properties/{name}"))?;
-            let kv = format!("{} ws \":\" ws {v} ws", literal(&Value::String(name.clone()).to_string()));
+            let kv = format!(
+                "{} ws \":\" ws {v} ws",
+                literal(&Value::String(name.clone()).to_string())
+            );
             if required.contains(&name.as_str()) {
                 req.push(kv);
             } else {
@@ -512,7 +534,11 @@ fn nonneg_range(lo: u64, hi: u64) -> String {
     let mut alts = Vec::new();
     let digits = |x: u64| x.to_string().len();
     for len in digits(lo)..=digits(hi) {
-        let first = if len == 1 { 0 } else { 10u64.pow(len as u32 - 1) };
+        let first = if len == 1 {
+            0
+        } else {
+            10u64.pow(len as u32 - 1)
+        };
         let last = 10u64.pow(len as u32) - 1;
         let a = lo.max(first);
         let b = hi.min(last);
@@ -540,10 +566,22 @@ fn same_len(a: &str, b: &str) -> String {
     }
     let nines = "9".repeat(n);
     let zeros = "0".repeat(n);
-    let mut alts = vec![format!("\"{}\" ( {} )", x as char, same_len(tail_a, &nines))];
+    let mut alts = vec![format!(
+        "\"{}\" ( {} )",
+        x as char,
+        same_len(tail_a, &nines)
+    )];
     if x + 1 < y {
-        alts.push(format!("[{}-{}] [0-9]{{{n}}}", (x + 1) as char, (y - 1) as char));
+        alts.push(format!(
+            "[{}-{}] [0-9]{{{n}}}",
+            (x + 1) as char,
+            (y - 1) as char
+        ));
     }
-    alts.push(format!("\"{}\" ( {} )", y as char, same_len(&zeros, tail_b)));
+    alts.push(format!(
+        "\"{}\" ( {} )",
+        y as char,
+        same_len(&zeros, tail_b)
+    ));
     alts.join(" | ")
 }

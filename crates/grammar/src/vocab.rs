@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// One trie node, stored in depth-first preorder.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TrieNode {
-    pub(crate) byte: u8,      // the edge into this node
-    pub(crate) depth: u32,    // prefix length
-    pub(crate) end: u32,      // index one past this node's subtree
-    tok_start: u32,           // tokens ending here: tokens[tok_start..tok_end]
+    pub(crate) byte: u8,   // the edge into this node
+    pub(crate) depth: u32, // prefix length
+    pub(crate) end: u32,   // index one past this node's subtree
+    tok_start: u32,        // tokens ending here: tokens[tok_start..tok_end]
     tok_end: u32,
 }
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use damascus_grammar::{Grammar, GrammarError, Matcher};
 
 fn matcher(src: &str) -> Matcher {
-    Matcher::new(Arc::new(Grammar::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"))))
+    Matcher::new(Arc::new(
+        Grammar::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}")),
+    ))
 }
 
 /// Whether the whole of `s` is a sentence of the grammar.
@@ -82,9 +84,8 @@ fn classes_escapes_unicode() {
 
 #[test]
 fn recursion_and_rules_across_lines() {
-    let m = matcher(
-        "root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= [0-9]+ | \"(\" expr \")\"\n",
-    );
+    let m =
+        matcher("root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= [0-9]+ | \"(\" expr \")\"\n");
     assert!(full(&m, "1+(2+(3+4))+5"));
     assert!(!full(&m, "1+(2+3"));
     assert!(prefix(&m, "1+(2+3"));

@@ -33,7 +33,13 @@ fn check_along(g: &str, text: &str, vocab: &Vocab, tok: &Tokenizer) -> Vec<f64> 
         let mask = m.compute_mask(vocab);
         times.push(t0.elapsed().as_secs_f64() * 1e3);
         if std::env::var("MASK_DEBUG").is_ok() {
-            eprintln!("{step} {:.3} ms stacks {} allowed {} after {:?}", times[times.len()-1], m.n_stacks(), mask.count(), tok.decode(&ids[..step], false));
+            eprintln!(
+                "{step} {:.3} ms stacks {} allowed {} after {:?}",
+                times[times.len() - 1],
+                m.n_stacks(),
+                mask.count(),
+                tok.decode(&ids[..step], false)
+            );
         }
         for t in 0..vocab.n_tokens() as u32 {
             assert_eq!(
@@ -44,7 +50,10 @@ fn check_along(g: &str, text: &str, vocab: &Vocab, tok: &Tokenizer) -> Vec<f64> 
                 tok.decode(&ids[..step], false)
             );
         }
-        assert!(mask.allows(id), "step {step}: the text's own token {id} is refused");
+        assert!(
+            mask.allows(id),
+            "step {step}: the text's own token {id} is refused"
+        );
         m.advance_token(vocab, id).unwrap();
     }
     assert!(m.can_end());

@@ -34,12 +34,21 @@ fn nested_objects_in_order() {
         "required": ["name", "address"],
     }));
     assert!(full(&m, r#"{"name": "a", "address": {"city": "b"}}"#));
-    assert!(full(&m, r#"{"name":"a","address":{"city":"b","zip":"1"},"nick":"n"}"#));
-    assert!(full(&m, "{\n  \"name\": \"a\",\n  \"address\": {\"city\": \"b\"}\n}"));
+    assert!(full(
+        &m,
+        r#"{"name":"a","address":{"city":"b","zip":"1"},"nick":"n"}"#
+    ));
+    assert!(full(
+        &m,
+        "{\n  \"name\": \"a\",\n  \"address\": {\"city\": \"b\"}\n}"
+    ));
     assert!(!full(&m, r#"{"name": "a"}"#));
     assert!(!full(&m, r#"{"address": {"city": "b"}, "name": "a"}"#));
     assert!(!full(&m, r#"{"name": "a", "address": {"zip": "1"}}"#));
-    assert!(!full(&m, r#"{"name": "a", "address": {"city": "b"}, "other": 1}"#));
+    assert!(!full(
+        &m,
+        r#"{"name": "a", "address": {"city": "b"}, "other": 1}"#
+    ));
 }
 
 #[test]
@@ -54,13 +63,34 @@ fn enums_consts_arrays_min_items() {
         },
         "required": ["color", "kind", "tags", "any"],
     }));
-    assert!(full(&m, r#"{"color": "red", "kind": "fixed", "tags": ["a", "b"], "any": []}"#));
-    assert!(full(&m, r#"{"color": 3, "kind": "fixed", "tags": ["a", "b", "c"], "any": [1, {"x": null}]}"#));
-    assert!(full(&m, r#"{"color": null, "kind": "fixed", "tags": ["a","b"], "any": [[]]}"#));
-    assert!(!full(&m, r#"{"color": "blue", "kind": "fixed", "tags": ["a", "b"], "any": []}"#));
-    assert!(!full(&m, r#"{"color": "red", "kind": "other", "tags": ["a", "b"], "any": []}"#));
-    assert!(!full(&m, r#"{"color": "red", "kind": "fixed", "tags": ["a"], "any": []}"#));
-    assert!(!full(&m, r#"{"color": "red", "kind": "fixed", "tags": ["a","b","c","d"], "any": []}"#));
+    assert!(full(
+        &m,
+        r#"{"color": "red", "kind": "fixed", "tags": ["a", "b"], "any": []}"#
+    ));
+    assert!(full(
+        &m,
+        r#"{"color": 3, "kind": "fixed", "tags": ["a", "b", "c"], "any": [1, {"x": null}]}"#
+    ));
+    assert!(full(
+        &m,
+        r#"{"color": null, "kind": "fixed", "tags": ["a","b"], "any": [[]]}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"color": "blue", "kind": "fixed", "tags": ["a", "b"], "any": []}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"color": "red", "kind": "other", "tags": ["a", "b"], "any": []}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"color": "red", "kind": "fixed", "tags": ["a"], "any": []}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"color": "red", "kind": "fixed", "tags": ["a","b","c","d"], "any": []}"#
+    ));
 }
 
 #[test]
@@ -91,7 +121,13 @@ fn numbers_integers_ranges() {
 #[test]
 fn strings_with_escapes_and_formats() {
     let m = matcher(&json!({"type": "string"}));
-    for s in [r#""""#, r#""a\"b""#, r#""\\ \/ \b\f\n\r\t""#, r#""\u00e9\uABCD""#, "\"é中🎉\""] {
+    for s in [
+        r#""""#,
+        r#""a\"b""#,
+        r#""\\ \/ \b\f\n\r\t""#,
+        r#""\u00e9\uABCD""#,
+        "\"é中🎉\"",
+    ] {
         assert!(full(&m, s), "{s}");
     }
     for s in ["\"a", "\"\\x\"", "\"\\u12\"", "\"a\nb\"", "\"a\"b\""] {
@@ -125,10 +161,22 @@ fn any_of_refs_and_nullable() {
         },
         "required": ["head", "label", "flag"],
     }));
-    assert!(full(&m, r#"{"head": {"v": 1, "next": {"v": 2, "next": null}}, "label": null, "flag": true}"#));
-    assert!(full(&m, r#"{"head": {"v": 1, "next": null}, "label": "x", "flag": "maybe"}"#));
-    assert!(!full(&m, r#"{"head": {"v": 1}, "label": "x", "flag": true}"#));
-    assert!(!full(&m, r#"{"head": {"v": 1, "next": null}, "label": 3, "flag": true}"#));
+    assert!(full(
+        &m,
+        r#"{"head": {"v": 1, "next": {"v": 2, "next": null}}, "label": null, "flag": true}"#
+    ));
+    assert!(full(
+        &m,
+        r#"{"head": {"v": 1, "next": null}, "label": "x", "flag": "maybe"}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"head": {"v": 1}, "label": "x", "flag": true}"#
+    ));
+    assert!(!full(
+        &m,
+        r#"{"head": {"v": 1, "next": null}, "label": 3, "flag": true}"#
+    ));
 }
 
 #[test]
@@ -149,7 +197,10 @@ fn unsupported_keywords_are_named() {
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems"),
         (json!({"not": {"type": "string"}}), "not"),
         (json!({"type": "number", "maximum": 3.5}), "minimum/maximum"),
-        (json!({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}), "format"),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}),
+            "format",
+        ),
     ] {
         match schema_to_gbnf(&schema) {
             Err(GrammarError::UnsupportedKeyword { keyword, .. }) => {
@@ -166,6 +217,9 @@ fn unsupported_keywords_are_named() {
         json!({"type": "integer", "minimum": 5, "maximum": 1}),
         json!(3),
     ] {
-        assert!(matches!(schema_to_gbnf(&schema), Err(GrammarError::Schema(_))), "{schema}");
+        assert!(
+            matches!(schema_to_gbnf(&schema), Err(GrammarError::Schema(_))),
+            "{schema}"
+        );
     }
 }

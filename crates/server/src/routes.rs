@@ -19,8 +19,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::AppState;
 use crate::api::{self, Params};
-use crate::structured;
 use crate::metrics::Metrics;
+use crate::structured;
 use crate::worker::{Job, Out};
 
 /// An error reply: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
@@ -307,7 +307,17 @@ async fn chat(
         .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap)?;
     g.logprobs = req.logprobs;
     g.top_logprobs = if req.logprobs { top } else { 0 };
-    start(&st, Kind::Chat, prompt, s, g, &req.params, req.logprobs, plan).await
+    start(
+        &st,
+        Kind::Chat,
+        prompt,
+        s,
+        g,
+        &req.params,
+        req.logprobs,
+        plan,
+    )
+    .await
 }
 
 async fn completions(

@@ -132,7 +132,11 @@ impl Plan {
                         .ok_or_else(|| {
                             bad("response_format", "json_schema needs json_schema.schema")
                         })?;
-                    set(&mut plan, "response_format", schema_grammar("response_format", s)?)?;
+                    set(
+                        &mut plan,
+                        "response_format",
+                        schema_grammar("response_format", s)?,
+                    )?;
                 }
                 other => {
                     return Err(bad(
@@ -146,7 +150,10 @@ impl Plan {
             }
         }
         let Some(tools) = &x.tools else {
-            if x.tool_choice.as_ref().is_some_and(|c| c != "none" && c != "auto") {
+            if x.tool_choice
+                .as_ref()
+                .is_some_and(|c| c != "none" && c != "auto")
+            {
                 return Err(bad("tool_choice", "tool_choice needs tools"));
             }
             return Ok(plan);
@@ -183,7 +190,10 @@ impl Plan {
                     .iter()
                     .find(|f| f["name"] == name)
                     .ok_or_else(|| {
-                        bad("tool_choice", format!("tool_choice names '{name}', not in tools"))
+                        bad(
+                            "tool_choice",
+                            format!("tool_choice names '{name}', not in tools"),
+                        )
                     })?;
                 Some(vec![f.clone()])
             }
@@ -217,7 +227,11 @@ impl Plan {
     }
 
     /// The sampler constraint for this plan (the vocabulary built once per server).
-    pub fn constraint(&self, vocab: &std::sync::OnceLock<Arc<Vocab>>, tok: &Tokenizer) -> Option<GrammarConstraint> {
+    pub fn constraint(
+        &self,
+        vocab: &std::sync::OnceLock<Arc<Vocab>>,
+        tok: &Tokenizer,
+    ) -> Option<GrammarConstraint> {
         let g = self.grammar.as_ref()?;
         let v = vocab.get_or_init(|| Arc::new(grammar_vocab(tok)));
         Some(GrammarConstraint::new(Arc::clone(g), Arc::clone(v)))
@@ -248,9 +262,11 @@ fn call_grammar(fs: &[Value], style: Style) -> Result<Arc<Grammar>, ApiError> {
     let gbnf = schema_to_gbnf(&schema).map_err(|e| bad("tools", e.to_string()))?;
     let gbnf = match style {
         Style::Generic => gbnf,
-        Style::Hermes => {
-            gbnf.replacen("root ::= ", "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall ::= ", 1)
-        }
+        Style::Hermes => gbnf.replacen(
+            "root ::= ",
+            "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall ::= ",
+            1,
+        ),
     };
     compile("tools", &gbnf)
 }
@@ -278,7 +294,10 @@ fn text_of(content: Option<&Value>) -> Result<String, ApiError> {
             }
             Ok(s)
         }
-        Some(_) => Err(bad("messages", "content must be a string or a list of parts")),
+        Some(_) => Err(bad(
+            "messages",
+            "content must be a string or a list of parts",
+        )),
     }
 }
 
@@ -298,8 +317,7 @@ pub fn chat_prompt(
     x: &Extras,
     plan: &Plan,
 ) -> Result<Vec<u32>, ApiError> {
-    let template =
-        template.ok_or_else(|| bad("messages", "this model has no chat template"))?;
+    let template = template.ok_or_else(|| bad("messages", "this model has no chat template"))?;
     let msgs = x
         .messages
         .as_ref()
@@ -324,7 +342,12 @@ pub fn chat_prompt(
             ("assistant", _) if m.get("tool_calls").is_some() => {
                 let calls: Vec<Value> = m["tool_calls"]
                     .as_array()
-                    .ok_or_else(|| bad("messages", format!("message #{i}: tool_calls must be a list")))?
+                    .ok_or_else(|| {
+                        bad(
+                            "messages",
+                            format!("message #{i}: tool_calls must be a list"),
+                        )
+                    })?
                     .iter()
                     .map(|c| {
                         let f = c.get("function").cloned().unwrap_or(json!({}));
@@ -370,7 +393,11 @@ pub fn chat_prompt(
                      JSON object {{\"name\": <function name>, \"arguments\": <arguments \
                      object>}}{}",
                     list.join("\n"),
-                    if tp.forced { "." } else { "; otherwise answer normally." }
+                    if tp.forced {
+                        "."
+                    } else {
+                        "; otherwise answer normally."
+                    }
                 );
                 match out.first_mut() {
                     Some(first) if first["role"] == "system" => {

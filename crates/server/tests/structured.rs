@@ -44,7 +44,15 @@ fn openai_structured_output_and_tools() {
     // DAMASCUS_STRUCTURED_RUNS overrides the run count (debugging).
     let runs = std::env::var("DAMASCUS_STRUCTURED_RUNS").unwrap_or_else(|_| "20".into());
     let out = std::process::Command::new("python3")
-        .args([script, "--base-url", &base, "--api-key", "k", "--runs", &runs])
+        .args([
+            script,
+            "--base-url",
+            &base,
+            "--api-key",
+            "k",
+            "--runs",
+            &runs,
+        ])
         .output()
         .expect("run python3");
     let text = String::from_utf8_lossy(&out.stdout);

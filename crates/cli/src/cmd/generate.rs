@@ -337,7 +337,9 @@ impl GrammarArgs {
             self.json_schema_file.is_some(),
         ];
         if given.iter().filter(|&&g| g).count() > 1 {
-            bail!("give only one of --grammar, --grammar-file, -j/--json-schema, --json-schema-file");
+            bail!(
+                "give only one of --grammar, --grammar-file, -j/--json-schema, --json-schema-file"
+            );
         }
         let gbnf = if let Some(g) = &self.grammar {
             g.clone()
@@ -353,6 +355,8 @@ impl GrammarArgs {
                 serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
             damascus_grammar::schema_to_gbnf(&schema)?
         };
-        Ok(Some(std::sync::Arc::new(damascus_grammar::Grammar::parse(&gbnf)?)))
+        Ok(Some(std::sync::Arc::new(damascus_grammar::Grammar::parse(
+            &gbnf,
+        )?)))
     }
 }

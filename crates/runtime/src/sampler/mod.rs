@@ -297,8 +297,7 @@ impl SamplerChain {
     /// Whether the chain is exactly one greedy pick (no logit bias, no penalties): then the
     /// argmax of the raw logits is the answer and a backend may compute it.
     pub fn is_plain_greedy(&self) -> bool {
-        self.grammar.is_none()
-            && matches!(self.stages.as_slice(), [s] if s.name() == "greedy")
+        self.grammar.is_none() && matches!(self.stages.as_slice(), [s] if s.name() == "greedy")
     }
 
     /// The seed of the random pick (resolved, so a random seed can be replayed); `None` for a
