@@ -401,7 +401,7 @@ impl Builder<'_> {
         let (min, max, xmin, _) = Self::bounds(obj, path)?;
         match (min, max, xmin) {
             (None, None, _) => Ok("number".into()),
-            (Some(m), None, false) if m == 0.0 => {
+            (Some(0.0), None, false) => {
                 Ok(self.rule(&format!("{path}-nonneg"), "int frac? exp?".into()))
             }
             _ => Err(unsupported(

@@ -185,7 +185,11 @@ fn random_inputs_never_panic() {
     let mut parsed = 0;
     for _ in 0..20_000 {
         let n = 1 + rng.next() as usize % 12;
-        let mut s = String::from(if rng.next() % 2 == 0 { "root ::= " } else { "" });
+        let mut s = String::from(if rng.next().is_multiple_of(2) {
+            "root ::= "
+        } else {
+            ""
+        });
         for _ in 0..n {
             s.push_str(pieces[rng.next() as usize % pieces.len()]);
         }
