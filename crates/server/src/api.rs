@@ -219,13 +219,30 @@ const COMMON_FIELDS: &[&str] = &[
 ];
 
 /// The fields `POST /v1/chat/completions` implements; any other (non-null) field answers 400
-/// `unsupported_parameter` naming it, never a silent 200. Structured output and tools
-/// (`response_format`, `grammar`, `json_schema`, `tools`, `tool_choice`) join this list once
-/// implemented.
-pub const CHAT_FIELDS: &[&str] = &["messages", "logprobs", "top_logprobs"];
+/// `unsupported_parameter` naming it, never a silent 200 (structured output and tools are
+/// `structured`'s fields).
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "grammar",
+    "json_schema",
+    "tools",
+    "tool_choice",
+];
 
 /// The fields `POST /v1/completions` implements (see [`CHAT_FIELDS`]).
-pub const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "best_of"];
+pub const COMPLETION_FIELDS: &[&str] = &[
+    "prompt",
+    "logprobs",
+    "echo",
+    "best_of",
+    "response_format",
+    "grammar",
+    "json_schema",
+    "tools",
+];
 
 /// Most choices one request may ask for (`n` times the number of prompts).
 pub const MAX_CHOICES: usize = 16;

@@ -126,7 +126,7 @@ pub async fn embeddings(
                 st.cfg.model_id
             ),
             kind: "invalid_request_error",
-            param: Some("model"),
+            param: Some("model".into()),
             code: Some("model_not_found"),
         });
     }

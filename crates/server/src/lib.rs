@@ -16,6 +16,7 @@ pub mod api;
 pub mod embeddings;
 pub mod metrics;
 pub mod routes;
+pub mod structured;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -123,6 +124,8 @@ pub struct AppState {
     pub started: u64,
     /// The model (`/v1/embeddings` runs its own forward passes).
     pub model: Arc<Model>,
+    /// The vocabulary trie of grammar-constrained requests, built on first use.
+    pub grammar_vocab: std::sync::OnceLock<Arc<damascus_grammar::Vocab>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -235,6 +238,7 @@ fn build_state(
         metrics,
         started: now_unix(),
         model,
+        grammar_vocab: std::sync::OnceLock::new(),
     });
     Ok((state, workers))
 }

@@ -21,6 +21,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::AppState;
 use crate::api::{self, Params};
 use crate::metrics::Metrics;
+use crate::structured;
 use crate::worker::{Job, Out};
 
 /// An error reply: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
@@ -425,6 +426,8 @@ struct Reply {
     n_choices: usize,
     /// Choices per prompt.
     n: usize,
+    /// Tools offered (chat): a reply that is a tool call becomes `tool_calls`.
+    tools: Option<structured::ToolPlan>,
 }
 
 async fn chat(
@@ -436,7 +439,19 @@ async fn chat(
     check_model(&st, &req.params)?;
     let n = req.params.n_choices()?;
     let top = api::top_logprobs(req.top_logprobs, "top_logprobs")?;
-    let prompt = api::chat_prompt(&st.tok, st.template.as_ref(), &req.messages)?;
+    let extras: structured::Extras = api::parse(&body)?;
+    let plan = structured::Plan::new(&extras, st.template.as_ref())?;
+    if plan.tools.is_some() && n > 1 {
+        return Err(api::unsupported(
+            "n",
+            "n > 1 together with tools is not supported".into(),
+        ));
+    }
+    let prompt = if structured::needs_prompt(&extras, &plan) {
+        structured::chat_prompt(&st.tok, st.template.as_ref(), &extras, &plan)?
+    } else {
+        api::chat_prompt(&st.tok, st.template.as_ref(), &req.messages)?
+    };
     let (mut s, mut g) =
         req.params
             .configs(prompt.len(), st.n_ctx, st.cfg.max_tokens_cap, "messages")?;
@@ -448,6 +463,7 @@ async fn chat(
         prompts: vec![prompt],
         n,
         logprobs: req.logprobs,
+        plan,
     };
     start(&st, job, s, g, &req.params).await
 }
@@ -470,6 +486,14 @@ async fn completions(
         ));
     }
     let top = api::top_logprobs(req.logprobs, "logprobs")?;
+    let extras: structured::Extras = api::parse(&body)?;
+    if extras.tools.is_some() {
+        return Err(ApiError::bad_request(
+            "tools are only supported on /v1/chat/completions".into(),
+            Some("tools"),
+        ));
+    }
+    let plan = structured::Plan::new(&extras, None)?;
     let prompts = api::completion_prompts(&st.tok, &req.prompt)?;
     if prompts.len() * n > api::MAX_CHOICES {
         return Err(ApiError::bad_request(
@@ -507,6 +531,7 @@ async fn completions(
         prompts,
         n,
         logprobs: req.logprobs.is_some(),
+        plan,
     };
     start(&st, job, s, g, &req.params).await
 }
@@ -517,6 +542,8 @@ struct JobSpec {
     prompts: Vec<Vec<u32>>,
     n: usize,
     logprobs: bool,
+    /// Structured output / tools: the grammar constraint and the tool plan.
+    plan: structured::Plan,
 }
 
 async fn start(
@@ -541,6 +568,7 @@ async fn start(
         sampler,
         generate: gen_cfg,
         cache_prompt: params.cache_prompt.unwrap_or(true),
+        grammar: spec.plan.constraint(&st.grammar_vocab, &st.tok),
         tx,
         enqueued: Instant::now(),
     };
@@ -564,6 +592,7 @@ async fn start(
         include_usage: params.include_usage(),
         n_choices,
         n: spec.n,
+        tools: spec.plan.tools,
     };
     if params.stream {
         Ok(stream_reply(Arc::clone(&st.tok), reply, rx))
@@ -669,12 +698,16 @@ async fn whole_reply(
         Kind::Chat => "chat.completion",
         Kind::Completion => "text_completion",
     };
-    let body = json!({
+    let mut body = json!({
         "id": r.id, "object": object, "created": r.created, "model": r.model,
         "choices": choices,
         "usage": usage.json(),
         "timings": last_timings.map(api::timings),
     });
+    if let Some(tp) = &r.tools {
+        // With tools there is one choice (n > 1 is refused).
+        structured::tool_reply(&mut body, tp, &r.id);
+    }
     Ok(axum::Json(body).into_response())
 }
 /// State of one SSE reply.
@@ -687,6 +720,8 @@ struct Streamer {
     left: usize,
     usage: UsageSum,
     finished: bool,
+    /// Text held back while a tool call may be forming (with tools: one choice).
+    held: String,
 }
 
 fn sse(v: &Value) -> String {
@@ -747,6 +782,13 @@ impl Streamer {
         }
         loop {
             match self.rx.recv().await {
+                Some(Out::Token(i, t)) if self.r.tools.is_some() => {
+                    self.open(i, &mut out);
+                    self.held.push_str(&t.text);
+                    if !out.is_empty() {
+                        return Some(out);
+                    }
+                }
                 Some(Out::Token(i, t)) => {
                     self.open(i, &mut out);
                     let eog = self.tok.is_eog(t.id);
@@ -761,12 +803,27 @@ impl Streamer {
                 }
                 Some(Out::Done(i, c, _)) => {
                     self.open(i, &mut out);
-                    if !c.tail.is_empty() {
+                    let mut finish = api::finish_reason(&c.reason);
+                    if let Some(tp) = &self.r.tools {
+                        // The held text is a tool call (streamed as OpenAI's deltas) or plain
+                        // content after all.
+                        let text = std::mem::take(&mut self.held) + &c.tail;
+                        if let Some(calls) = structured::tool_calls(&text, tp, &self.r.id) {
+                            for d in structured::tool_deltas(&calls) {
+                                let mut ch = self.chunk(i, "", None, None);
+                                ch["choices"][0]["delta"] = d;
+                                out.push_str(&sse(&ch));
+                            }
+                            finish = "tool_calls";
+                        } else if !text.is_empty() {
+                            out.push_str(&sse(&self.chunk(i, &text, None, None)));
+                        }
+                    } else if !c.tail.is_empty() {
                         out.push_str(&sse(&self.chunk(i, &c.tail, None, None)));
                     }
                     self.usage.add(&c.timings, i % self.r.n == 0);
                     self.left -= 1;
-                    let mut fin = self.chunk(i, "", None, Some(api::finish_reason(&c.reason)));
+                    let mut fin = self.chunk(i, "", None, Some(finish));
                     fin["timings"] = api::timings(&c.timings);
                     if self.left > 0 {
                         out.push_str(&sse(&fin));
@@ -825,6 +882,7 @@ fn stream_reply(
         rx,
         usage: UsageSum::default(),
         finished: false,
+        held: String::new(),
     };
     let body = futures_util::stream::unfold(s, |mut s| async move {
         s.next()

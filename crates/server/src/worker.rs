@@ -39,6 +39,8 @@ pub struct Job {
     pub generate: GenerateConfig,
     /// Reuse the slot's cached prompt prefix (`cache_prompt`).
     pub cache_prompt: bool,
+    /// Grammar constraint on the output (structured output, forced tool calls).
+    pub grammar: Option<damascus_runtime::sampler::GrammarConstraint>,
     /// Where events go.
     pub tx: UnboundedSender<Out>,
     /// When the job was queued.
@@ -257,7 +259,13 @@ impl Worker {
     ) -> bool {
         let m = &self.metrics;
         let sampler = match SamplerChain::from_config(scfg) {
-            Ok(s) => s,
+            Ok(mut s) => {
+                // Every choice starts the grammar afresh.
+                if let Some(g) = &job.grammar {
+                    s.set_grammar(g.clone());
+                }
+                s
+            }
             Err(e) => {
                 Metrics::add(&m.gen_failed, 1);
                 let _ = job.tx.send(Out::Error(e.to_string()));

@@ -216,6 +216,8 @@ pub struct CommonArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
     /// Print one JSON object (prompt ids, ids, text, stop reason, timings) instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -362,13 +364,18 @@ fn prompt_ids(
 
 fn generate(args: &CommonArgs, prompt: &str, chat: bool) -> anyhow::Result<()> {
     args.sampling.check()?;
+    let grammar = args.grammar.load()?;
     let (model, tok) = args.engine.load()?;
     let scfg = args.sampling.sampler_config(model.n_ctx())?;
     let (ids, templated) = prompt_ids(args, &tok, prompt, chat)?;
     if ids.is_empty() {
         bail!("the prompt tokenizes to nothing");
     }
-    let sampler = SamplerChain::from_config(&scfg)?;
+    let mut sampler = SamplerChain::from_config(&scfg)?;
+    if let Some(g) = grammar {
+        let vocab = std::sync::Arc::new(damascus_runtime::sampler::grammar_vocab(&tok));
+        sampler.set_grammar(damascus_runtime::sampler::GrammarConstraint::new(g, vocab));
+    }
     let seed = sampler.seed();
     let desc = sampler.describe();
     let mut gcfg = args.sampling.generate_config();
@@ -416,4 +423,58 @@ fn generate(args: &CommonArgs, prompt: &str, chat: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Grammar-constrained output (llama.cpp's flags): at most one of them.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct GrammarArgs {
+    /// A GBNF grammar the output must follow (e.g. 'root ::= "yes" | "no"').
+    #[arg(long, value_name = "GBNF")]
+    pub grammar: Option<String>,
+    /// A file with a GBNF grammar.
+    #[arg(long, value_name = "FILE")]
+    pub grammar_file: Option<std::path::PathBuf>,
+    /// A JSON schema the output must validate against (e.g. '{"type": "object"}').
+    #[arg(short = 'j', long, value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+    /// A file with a JSON schema.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema_file: Option<std::path::PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The compiled grammar, if a flag asks for one.
+    pub fn load(&self) -> anyhow::Result<Option<std::sync::Arc<damascus_grammar::Grammar>>> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let given = [
+            self.grammar.is_some(),
+            self.grammar_file.is_some(),
+            self.json_schema.is_some(),
+            self.json_schema_file.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            bail!(
+                "give only one of --grammar, --grammar-file, -j/--json-schema, --json-schema-file"
+            );
+        }
+        let gbnf = if let Some(g) = &self.grammar {
+            g.clone()
+        } else if let Some(p) = &self.grammar_file {
+            read(p)?
+        } else {
+            let text = match (&self.json_schema, &self.json_schema_file) {
+                (Some(s), _) => s.clone(),
+                (None, Some(p)) => read(p)?,
+                (None, None) => return Ok(None),
+            };
+            let schema: serde_json::Value =
+                serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
+            damascus_grammar::schema_to_gbnf(&schema)?
+        };
+        Ok(Some(std::sync::Arc::new(damascus_grammar::Grammar::parse(
+            &gbnf,
+        )?)))
+    }
 }

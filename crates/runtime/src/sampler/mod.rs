@@ -21,6 +21,7 @@
 //! actually used so a run can be replayed. The same explicit seed always gives the same tokens.
 
 mod config;
+mod grammar;
 mod logprobs;
 mod rng;
 mod stages;
@@ -28,6 +29,7 @@ mod stages;
 mod tests;
 
 pub use config::{DEFAULT_ORDER, SamplerConfig, SamplerKind};
+pub use grammar::{GrammarConstraint, grammar_vocab};
 pub use logprobs::{TokenLogprob, log_softmax, token_logprob, top_logprobs};
 pub use rng::{DEFAULT_SEED, Rng, resolve_seed, splitmix64};
 pub use stages::{Dist, Greedy, LogitBias, MinP, Penalties, Temperature, TopK, TopP, TypicalP};
@@ -210,6 +212,11 @@ pub struct SamplerChain {
     stages: Vec<Box<dyn Stage>>,
     seed: Option<u64>, // the resolved seed of the random pick, if the chain has one
     cands: Candidates, // reused buffer: [n_vocab] candidates of the last sample
+    grammar: Option<GrammarConstraint>,
+    grammar_pick: Option<u32>, // the last pick, committed to the grammar by `accept`
+    // When the chain starts with a top-k of the raw logits (or is plain greedy: k = 1), only the
+    // k best allowed tokens can matter after masking.
+    head_top_k: Option<usize>,
 }
 
 impl SamplerChain {
@@ -272,6 +279,11 @@ impl SamplerChain {
                 SamplerKind::Temperature => chain.push(Temperature::new(cfg.temp)),
             }
         }
+        chain.head_top_k = match chain.stages.first().map(|s| s.name()) {
+            Some("top_k") if cfg.logit_bias.is_empty() => Some(cfg.top_k),
+            None if greedy => Some(1),
+            _ => None,
+        };
         if greedy {
             chain.push(Greedy);
         } else {
@@ -285,7 +297,7 @@ impl SamplerChain {
     /// Whether the chain is exactly one greedy pick (no logit bias, no penalties): then the
     /// argmax of the raw logits is the answer and a backend may compute it.
     pub fn is_plain_greedy(&self) -> bool {
-        matches!(self.stages.as_slice(), [s] if s.name() == "greedy")
+        self.grammar.is_none() && matches!(self.stages.as_slice(), [s] if s.name() == "greedy")
     }
 
     /// The seed of the random pick (resolved, so a random seed can be replayed); `None` for a
@@ -296,7 +308,10 @@ impl SamplerChain {
 
     /// Stage names in order, e.g. `penalties -> top_k -> top_p -> min_p -> temperature -> dist`.
     pub fn describe(&self) -> String {
-        let names: Vec<&str> = self.stages.iter().map(|s| s.name()).collect();
+        let mut names: Vec<&str> = self.stages.iter().map(|s| s.name()).collect();
+        if self.grammar.is_some() {
+            names.push("grammar");
+        }
         names.join(" -> ")
     }
 
@@ -307,17 +322,50 @@ impl SamplerChain {
             return Err(RuntimeError::EmptyLogits);
         }
         self.cands.fill_from_logits(logits);
+        self.run_stages();
+        let mut pick = self.cands.selected_token();
+        if let Some(g) = &mut self.grammar
+            && !pick.is_some_and(|t| g.allows(t))
+        {
+            // The pick breaks the grammar: mask every refused token and pick again.
+            self.cands.fill_from_logits(logits);
+            match self.head_top_k {
+                Some(k) => g.apply_top_k(&mut self.cands, k),
+                None => g.apply(&mut self.cands),
+            }
+            if self.cands.is_empty() {
+                return Err(RuntimeError::NoCandidates {
+                    chain: "grammar (it allows no token of the vocabulary here)".into(),
+                });
+            }
+            self.run_stages();
+            pick = self.cands.selected_token();
+        }
+        self.grammar_pick = pick;
+        pick.ok_or_else(|| RuntimeError::NoCandidates {
+            chain: self.describe(),
+        })
+    }
+
+    fn run_stages(&mut self) {
         for stage in &mut self.stages {
             stage.apply(&mut self.cands);
         }
         if self.cands.selected.is_none() {
             self.cands.selected = self.cands.argmax();
         }
-        self.cands
-            .selected_token()
-            .ok_or_else(|| RuntimeError::NoCandidates {
-                chain: self.describe(),
-            })
+    }
+
+    /// Constrains every later pick to `grammar` (see [`GrammarConstraint`]). Only tokens picked
+    /// by [`SamplerChain::sample`] and then [`SamplerChain::accept`]ed advance it, so prompt
+    /// tokens fed to the penalty window do not.
+    pub fn set_grammar(&mut self, grammar: GrammarConstraint) {
+        self.grammar = Some(grammar);
+    }
+
+    /// The grammar constraint, if any.
+    pub fn grammar(&self) -> Option<&GrammarConstraint> {
+        self.grammar.as_ref()
     }
 
     /// [`SamplerChain::sample`] followed by [`SamplerChain::accept`] of the picked token.
@@ -332,6 +380,12 @@ impl SamplerChain {
         for stage in &mut self.stages {
             stage.accept(token);
         }
+        if let Some(g) = &mut self.grammar
+            && self.grammar_pick.take() == Some(token)
+        {
+            // The pick was checked against the grammar, so this cannot fail.
+            let _ = g.accept(token);
+        }
     }
 
     /// Resets every stage (penalty history, RNG back to the chain's seed).
@@ -339,6 +393,10 @@ impl SamplerChain {
         for stage in &mut self.stages {
             stage.reset();
         }
+        if let Some(g) = &mut self.grammar {
+            g.reset();
+        }
+        self.grammar_pick = None;
     }
 
     /// The candidates left after the last [`SamplerChain::sample`] (with `selected` set).
