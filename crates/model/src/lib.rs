@@ -13,6 +13,7 @@ pub mod backend;
 pub mod config;
 pub mod decoder;
 pub mod error;
+pub mod kv_pool;
 pub mod params;
 pub mod session;
 pub mod tensor;
