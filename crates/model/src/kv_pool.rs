@@ -204,7 +204,9 @@ impl BlockPool {
     /// Grows `table` to hold `n_positions`, taking free blocks first and then evicting the
     /// least recently used cached ones. On failure nothing changes.
     pub fn reserve(&mut self, table: &mut BlockTable, n_positions: usize) -> Result<(), PoolFull> {
-        let needed = self.blocks_for(n_positions).saturating_sub(table.blocks.len());
+        let needed = self
+            .blocks_for(n_positions)
+            .saturating_sub(table.blocks.len());
         if needed > self.n_available() {
             return Err(PoolFull {
                 needed,
@@ -317,7 +319,9 @@ impl BlockPool {
         let mut held = vec![0u32; n];
         for t in tables {
             for &b in &t.blocks {
-                *held.get_mut(b as usize).ok_or(format!("block {b} out of range"))? += 1;
+                *held
+                    .get_mut(b as usize)
+                    .ok_or(format!("block {b} out of range"))? += 1;
             }
             if t.keys.len() > t.blocks.len() {
                 return Err("more keys than blocks".into());

@@ -106,7 +106,11 @@ fn random_joins_cancels_and_finishes_keep_every_invariant() {
         let mut pool = BlockPool::new(n_blocks, bs);
         // A few shared system prompts so prefixes really are shared.
         let prefixes: Vec<Vec<u32>> = (0..3)
-            .map(|p| (0..rng.below(3 * bs + 1)).map(|i| (p * 1000 + i) as u32).collect())
+            .map(|p| {
+                (0..rng.below(3 * bs + 1))
+                    .map(|i| (p * 1000 + i) as u32)
+                    .collect()
+            })
             .collect();
         // Live sequences: (tokens in the cache, table).
         let mut live: Vec<(Vec<u32>, BlockTable)> = Vec::new();
@@ -157,14 +161,20 @@ fn random_joins_cancels_and_finishes_keep_every_invariant() {
                 for (i, &b) in t.blocks.iter().enumerate().take(t.n_keyed()) {
                     let chunk = &toks[i * bs..(i + 1) * bs];
                     if let Some(prev) = owner.insert(b, chunk) {
-                        assert_eq!(prev, chunk, "seed {seed}: block {b} shared by different prefixes");
+                        assert_eq!(
+                            prev, chunk,
+                            "seed {seed}: block {b} shared by different prefixes"
+                        );
                     }
                 }
             }
             // A block written by a sequence (past its keyed blocks) belongs to it alone.
             for (_, t) in &live {
                 for &b in t.blocks.iter().skip(t.n_keyed()) {
-                    assert_eq!(pool.refcount[b as usize], 1, "seed {seed}: private block shared");
+                    assert_eq!(
+                        pool.refcount[b as usize], 1,
+                        "seed {seed}: private block shared"
+                    );
                 }
             }
         }
@@ -172,6 +182,10 @@ fn random_joins_cancels_and_finishes_keep_every_invariant() {
             pool.release(t);
         }
         pool.check(&[]).unwrap();
-        assert_eq!(pool.n_available(), n_blocks, "seed {seed}: every block comes back");
+        assert_eq!(
+            pool.n_available(),
+            n_blocks,
+            "seed {seed}: every block comes back"
+        );
     }
 }
