@@ -21,13 +21,15 @@ struct Seq {
     arrive: usize,
     all: Vec<u32>,
     n_past: usize,
-    gen: usize,
+    n_gen: usize,
     table: Option<BlockTable>,
     logits: Vec<Vec<f32>>,
 }
 
 fn prompt(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| 100 + (seed * 7919 + i * 104_729) % 5000).collect()
+    (0..n as u32)
+        .map(|i| 100 + (seed * 7919 + i * 104_729) % 5000)
+        .collect()
 }
 
 /// Runs `seqs` to completion: each step takes every decoding sequence's token, then prompt
@@ -36,11 +38,11 @@ fn simulate(model: &Model, mut seqs: Vec<Seq>, budget: usize) -> Vec<Vec<Vec<f32
     let mut cache: PagedCache = model.paged_cache(N_BLOCKS, BLOCK).unwrap();
     let mut pool = BlockPool::new(N_BLOCKS, BLOCK);
     let mut step = 0;
-    while seqs.iter().any(|s| s.logits.len() < s.gen) {
+    while seqs.iter().any(|s| s.logits.len() < s.n_gen) {
         for s in seqs.iter_mut() {
             if s.arrive == step {
                 let (mut t, hit) = pool.start(&s.all, true);
-                pool.reserve(&mut t, s.all.len() + s.gen).unwrap();
+                pool.reserve(&mut t, s.all.len() + s.n_gen).unwrap();
                 s.n_past = hit;
                 s.table = Some(t);
             }
@@ -88,7 +90,7 @@ fn simulate(model: &Model, mut seqs: Vec<Seq>, budget: usize) -> Vec<Vec<Vec<f32
                 let l = out.next().unwrap();
                 s.all.push(host_argmax(&l));
                 s.logits.push(l);
-                if s.logits.len() == s.gen {
+                if s.logits.len() == s.n_gen {
                     pool.release(s.table.take().unwrap());
                 }
             }
@@ -101,12 +103,12 @@ fn simulate(model: &Model, mut seqs: Vec<Seq>, budget: usize) -> Vec<Vec<Vec<f32
     seqs.into_iter().map(|s| s.logits).collect()
 }
 
-fn seq(arrive: usize, all: Vec<u32>, gen: usize) -> Seq {
+fn seq(arrive: usize, all: Vec<u32>, n_gen: usize) -> Seq {
     Seq {
         arrive,
         all,
         n_past: 0,
-        gen,
+        n_gen,
         table: None,
         logits: Vec::new(),
     }
@@ -131,9 +133,14 @@ fn check(model: &Model) {
     let batched = simulate(model, seqs, 24);
     assert_eq!(batched[0].len(), alone[0].len());
     for (step, (a, b)) in alone[0].iter().zip(&batched[0]).enumerate() {
-        let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
         assert_eq!(
-            differ, 0,
+            differ,
+            0,
             "{}: step {step}: {differ} logits differ between alone and batched",
             model.backend_name()
         );
@@ -158,7 +165,11 @@ fn batched_logits_are_bit_identical_on_the_reference_f32_cache() {
 fn batched_logits_are_bit_identical_on_the_cpu_fast_path() {
     let f = common::tiny(Mix::Q4_K_M, "Q4_K_M");
     for threads in [1, 2] {
-        let m = Model::with_backend(f.clone(), &opts(KvCacheType::F16), CpuBackend::new(Some(threads)));
+        let m = Model::with_backend(
+            f.clone(),
+            &opts(KvCacheType::F16),
+            CpuBackend::new(Some(threads)),
+        );
         check(&m.unwrap());
     }
 }
