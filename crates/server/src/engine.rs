@@ -364,7 +364,6 @@ impl Engine {
                     i += 1;
                 }
             }
-            waiting.retain_mut(|s| !(s.job.tx.is_closed() && s.table.is_none()));
             // Admit, first come first served.
             while running.len() < self.cfg.parallel
                 && let Some(mut s) = waiting.pop_front()
@@ -395,6 +394,17 @@ impl Engine {
             }
             Metrics::set(&self.metrics.slots_busy, running.len() as u64);
             if running.is_empty() {
+                // With nothing running the whole pool is available; a request that still does
+                // not fit can never run.
+                if let Some(s) = waiting.pop_front() {
+                    Metrics::add(&self.metrics.gen_failed, 1);
+                    let msg = format!(
+                        "{} positions do not fit the KV cache of {} positions",
+                        s.all.len() + 1,
+                        self.pool.n_blocks() * self.pool.block_size()
+                    );
+                    let _ = s.job.tx.send(Out::Error(msg));
+                }
                 self.gauges(0);
                 continue;
             }
@@ -476,27 +486,23 @@ impl Engine {
                     continue;
                 }
             };
-            let mut logits = logits.into_iter();
-            let mut i = 0;
+            // Logits go to the sequences in the order they were asked for.
+            let mut outs = logits.into_iter();
             let mut gen_now = 0u64;
             let mut prompt_now = 0u64;
-            while i < running.len() {
-                let c = chunks[i];
-                let s = &mut running[i];
+            let step: Vec<(Seq<'_>, usize)> = running.drain(..).zip(chunks).collect();
+            for (mut s, c) in step {
                 if c > 0 {
-                    let prompt_part = s.n_prompt.saturating_sub(s.n_past).min(c);
-                    prompt_now += prompt_part as u64;
+                    prompt_now += s.n_prompt.saturating_sub(s.n_past).min(c) as u64;
                     s.n_past += c;
                     let table = s.table.as_mut().expect("admitted");
                     self.pool.commit(table, &s.all[..s.n_past]);
                     if s.n_past == s.all.len() {
-                        let l = logits.next().unwrap_or_default();
+                        let l = outs.next().unwrap_or_default();
                         if let Err(e) = s.take_logits(&l, tok) {
-                            let s = running.swap_remove(i);
-                            chunks.swap_remove(i);
                             Metrics::add(&self.metrics.gen_failed, 1);
                             let _ = s.job.tx.send(Out::Error(e));
-                            if let Some(t) = s.table {
+                            if let Some(t) = s.table.take() {
                                 self.pool.release(t);
                             }
                             continue;
@@ -504,16 +510,14 @@ impl Engine {
                         gen_now += 1;
                     }
                 }
-                let s = &running[i];
                 let full = s.finish.is_none() && s.all.len() > self.cfg.n_ctx_seq;
-                if s.finish.is_some() || full {
-                    let s = running.swap_remove(i);
-                    chunks.swap_remove(i);
-                    let reason = s.finish.clone().unwrap_or(StopReason::ContextFull);
+                if let Some(reason) = s.finish.clone() {
                     self.finish(s, reason);
-                    continue;
+                } else if full {
+                    self.finish(s, StopReason::ContextFull);
+                } else {
+                    running.push(s);
                 }
-                i += 1;
             }
             rate.prompt += prompt_now;
             rate.generated += gen_now;
