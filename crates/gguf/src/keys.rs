@@ -70,10 +70,21 @@ pub const ATTENTION_LAYERNORM_EPS: &str = "attention.layer_norm_epsilon";
 pub const ATTENTION_CAUSAL: &str = "attention.causal";
 /// `{arch}.attention.sliding_window` (u32).
 pub const ATTENTION_SLIDING_WINDOW: &str = "attention.sliding_window";
+/// `{arch}.attention.sliding_window_pattern` (u32 period `n`: every `n`-th layer is global;
+/// or a bool array, `true` = sliding-window layer).
+pub const ATTENTION_SLIDING_WINDOW_PATTERN: &str = "attention.sliding_window_pattern";
+/// `{arch}.attention.scale` (f32): the attention score scale, when not `1/sqrt(head_dim)`.
+pub const ATTENTION_SCALE: &str = "attention.scale";
+/// `{arch}.attn_logit_softcapping` (f32): `cap·tanh(score/cap)` on attention scores.
+pub const ATTN_LOGIT_SOFTCAPPING: &str = "attn_logit_softcapping";
+/// `{arch}.final_logit_softcapping` (f32): `cap·tanh(logit/cap)` on the output logits.
+pub const FINAL_LOGIT_SOFTCAPPING: &str = "final_logit_softcapping";
 /// `{arch}.rope.dimension_count` (u32).
 pub const ROPE_DIMENSION_COUNT: &str = "rope.dimension_count";
 /// `{arch}.rope.freq_base` (f32): rope theta.
 pub const ROPE_FREQ_BASE: &str = "rope.freq_base";
+/// `{arch}.rope.freq_base_swa` (f32): rope theta of the sliding-window layers.
+pub const ROPE_FREQ_BASE_SWA: &str = "rope.freq_base_swa";
 /// `{arch}.rope.scale_linear` (f32, legacy linear scaling).
 pub const ROPE_SCALE_LINEAR: &str = "rope.scale_linear";
 /// `{arch}.rope.scaling.type` (string: none, linear, yarn, longrope).
@@ -161,6 +172,18 @@ pub mod tensors {
     pub const FFN_UP: &str = "ffn_up";
     /// Per-block suffix: FFN down `[n_ff, n_embd]`.
     pub const FFN_DOWN: &str = "ffn_down";
+    /// Per-block suffix: fused Q/K/V projection `[n_embd, (n_head + 2·n_head_kv) * head_dim]`
+    /// (Phi-3).
+    pub const ATTN_QKV: &str = "attn_qkv";
+    /// Per-block suffix: per-head query RMSNorm `[head_dim]` (Qwen 3, Gemma 3).
+    pub const ATTN_Q_NORM: &str = "attn_q_norm";
+    /// Per-block suffix: per-head key RMSNorm `[head_dim]` (Qwen 3, Gemma 3).
+    pub const ATTN_K_NORM: &str = "attn_k_norm";
+    /// Per-block suffix: RMSNorm of the attention output before the residual `[n_embd]`
+    /// (Gemma 2/3).
+    pub const ATTN_POST_NORM: &str = "post_attention_norm";
+    /// Per-block suffix: RMSNorm of the FFN output before the residual `[n_embd]` (Gemma 2/3).
+    pub const FFN_POST_NORM: &str = "post_ffw_norm";
 
     /// Weight name of a per-block tensor: `blk(3, ATTN_Q)` -> `"blk.3.attn_q.weight"`.
     pub fn blk(layer: usize, suffix: &str) -> String {

@@ -68,9 +68,11 @@ impl DecodeShape {
         }
         let need = match layout {
             KvLayout::PosMajor => n_kv.saturating_mul(n_head_kv * head_dim),
-            KvLayout::HeadMajor { n_ctx } if n_kv <= n_ctx => {
-                n_ctx.saturating_mul(n_head_kv * head_dim)
-            }
+            // The last head's rows end at position n_kv: a caller may pass the cache from a
+            // later start (a sliding window), shorter than the whole n_head_kv · n_ctx.
+            KvLayout::HeadMajor { n_ctx } if n_kv <= n_ctx => ((n_head_kv - 1) * n_ctx)
+                .saturating_add(n_kv)
+                .saturating_mul(head_dim),
             KvLayout::HeadMajor { n_ctx } => {
                 return bad(format!("n_kv {n_kv} exceeds n_ctx {n_ctx}"));
             }

@@ -1,8 +1,8 @@
 //! Model hyper-parameters read from GGUF metadata (never hard-coded), and the check that
 //! every tensor in the file has the shape those hyper-parameters imply.
 //!
-//! Raw parse first ([`LlamaConfig::from_metadata`]: keys, defaults, sanity of each value),
-//! then validation against the file's tensors ([`LlamaConfig::check_tensors`]). After both
+//! Raw parse first ([`ModelConfig::from_metadata`]: keys, defaults, sanity of each value),
+//! then validation against the file's tensors ([`ModelConfig::check_tensors`]). After both
 //! pass, every size in the config is backed by tensor data that exists in the file, so later
 //! allocations sized from the config are bounded by the file size.
 
@@ -10,9 +10,8 @@ use damascus_gguf::keys::{self, tensors as tn};
 use damascus_gguf::{FileType, GgufFile, Metadata, TensorInfo};
 
 use crate::error::ModelError;
-
-/// Architectures whose GGUF layout this config understands.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama"];
+pub use crate::family::SUPPORTED_ARCHS;
+use crate::family::{Family, FamilySpec};
 
 /// llama.cpp's default RoPE base when `rope.freq_base` is absent.
 pub const DEFAULT_ROPE_THETA: f32 = 10_000.0;
@@ -63,12 +62,16 @@ pub struct RopeScaling {
     pub yarn_log_multiplier: Option<f32>,
 }
 
-/// Hyper-parameters of a Llama-family decoder, as stored in the file. Sizes are element
-/// counts.
+/// Hyper-parameters of a decoder, as stored in the file, with the [`FamilySpec`] of its
+/// architecture. Sizes are element counts.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
     /// `general.architecture`.
     pub arch: String,
+    /// The family `arch` names.
+    pub family: Family,
+    /// What that family does differently from Llama.
+    pub spec: FamilySpec,
     /// `{arch}.block_count`: decoder layers.
     pub n_layer: u32,
     /// `{arch}.embedding_length`: hidden size.
@@ -101,7 +104,28 @@ pub struct LlamaConfig {
     pub tied_embeddings: bool,
     /// `general.file_type`, when present and known.
     pub file_type: Option<FileType>,
+    /// `{arch}.attention.sliding_window`: positions a sliding-window layer sees (itself
+    /// included); `None` when the file declares none.
+    pub sliding_window: Option<u32>,
+    /// Per layer: whether it attends through `sliding_window` (all `false` without one).
+    /// From `{arch}.attention.sliding_window_pattern`, else the family's pattern.
+    pub swa_layers: Vec<bool>,
+    /// RoPE θ of the sliding-window layers, unscaled (`{arch}.rope.freq_base_swa`, else the
+    /// family's); `None`: they rotate like every other layer.
+    pub rope_theta_swa: Option<f32>,
+    /// Attention score scale when it is not `1/sqrt(head_dim)` (`{arch}.attention.scale`, or
+    /// the family's rule).
+    pub attn_scale: Option<f32>,
+    /// `{arch}.final_logit_softcapping`: logits become `cap·tanh(logit/cap)`.
+    pub final_logit_softcap: Option<f32>,
+    /// The file stores Q, K and V as one `attn_qkv` tensor per layer (Phi-3).
+    pub fused_qkv: bool,
+    /// The file has Q/K/V biases (`blk.N.attn_q.bias`, ...; Qwen 2).
+    pub qkv_bias: bool,
 }
+
+/// The former name of [`ModelConfig`], from when Damascus ran Llama only.
+pub type LlamaConfig = ModelConfig;
 
 /// Reads typed keys under one architecture prefix, turning absence into a named error.
 struct Keys<'a> {
@@ -150,9 +174,9 @@ impl Keys<'_> {
     }
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Read the config from a GGUF file's metadata and tensor names.
-    pub fn from_gguf(file: &GgufFile) -> Result<LlamaConfig, ModelError> {
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         Self::from_metadata(file.metadata(), |name| file.tensor(name).is_some())
     }
 
@@ -161,18 +185,17 @@ impl LlamaConfig {
     pub fn from_metadata(
         md: &Metadata,
         has_tensor: impl Fn(&str) -> bool,
-    ) -> Result<LlamaConfig, ModelError> {
+    ) -> Result<ModelConfig, ModelError> {
         let arch =
             md.get_str(keys::GENERAL_ARCHITECTURE)?
                 .ok_or_else(|| ModelError::MissingKey {
                     key: keys::GENERAL_ARCHITECTURE.into(),
                     hint: String::new(),
                 })?;
-        if !SUPPORTED_ARCHS.contains(&arch) {
-            return Err(ModelError::UnsupportedArch {
-                arch: arch.to_string(),
-            });
-        }
+        let family = Family::from_arch(arch).ok_or_else(|| ModelError::UnsupportedArch {
+            arch: arch.to_string(),
+        })?;
+        let spec = family.spec();
         let k = Keys { md, arch };
 
         let n_layer = k.positive(keys::BLOCK_COUNT, k.req_u32(keys::BLOCK_COUNT)?)?;
@@ -262,8 +285,43 @@ impl LlamaConfig {
         let file_type = md
             .get_u32(keys::GENERAL_FILE_TYPE)?
             .and_then(FileType::from_id);
-        Ok(LlamaConfig {
+        let sliding_window = match k.opt_u32(keys::ATTENTION_SLIDING_WINDOW)? {
+            Some(0) | None => None,
+            Some(w) => Some(w),
+        };
+        let swa_layers = match sliding_window {
+            None => vec![false; n_layer as usize],
+            Some(_) => read_swa_pattern(&k, &spec, n_layer as usize)?,
+        };
+        let rope_theta_swa = match k.opt_f32(keys::ROPE_FREQ_BASE_SWA)? {
+            Some(t) => Some(k.positive_f32(keys::ROPE_FREQ_BASE_SWA, t)?),
+            None => spec.swa_rope_theta,
+        };
+        let attn_scale = match k.opt_f32(keys::ATTENTION_SCALE)? {
+            Some(s) => Some(k.positive_f32(keys::ATTENTION_SCALE, s)?),
+            // Gemma 3 27B scales by query_pre_attn_scalar = n_embd / n_head, which GGUF does not
+            // carry; llama.cpp recognises it by its 62 layers, and so do we.
+            None if family == Family::Gemma3 && n_layer == 62 => {
+                Some(1.0 / ((n_embd / n_head) as f32).sqrt())
+            }
+            None => None,
+        };
+        if let Some(c) = k.opt_f32(keys::ATTN_LOGIT_SOFTCAPPING)?
+            && c != 0.0
+        {
+            return Err(ModelError::BadConfig {
+                key: k.key(keys::ATTN_LOGIT_SOFTCAPPING),
+                message: "soft-capping of attention scores is not supported".into(),
+            });
+        }
+        let final_logit_softcap = match k.opt_f32(keys::FINAL_LOGIT_SOFTCAPPING)? {
+            Some(c) if c != 0.0 => Some(k.positive_f32(keys::FINAL_LOGIT_SOFTCAPPING, c)?),
+            _ => None,
+        };
+        Ok(ModelConfig {
             arch: arch.to_string(),
+            family,
+            spec,
             n_layer,
             n_embd,
             n_ff,
@@ -280,7 +338,60 @@ impl LlamaConfig {
             rms_eps,
             tied_embeddings: !has_tensor(tn::OUTPUT),
             file_type,
+            sliding_window,
+            swa_layers,
+            rope_theta_swa,
+            attn_scale,
+            final_logit_softcap,
+            fused_qkv: has_tensor(&tn::blk(0, tn::ATTN_QKV)),
+            qkv_bias: has_tensor(&tn::blk_bias(0, tn::ATTN_Q)),
         })
+    }
+
+    /// The FFN's name: `SwiGLU` or `GeGLU`.
+    pub fn ffn_name(&self) -> &'static str {
+        match self.spec.activation {
+            crate::family::Activation::Silu => "SwiGLU",
+            crate::family::Activation::GeluTanh => "GeGLU (tanh)",
+        }
+    }
+
+    /// What this model does beyond a plain Llama decoder, one short phrase each (for `load`).
+    pub fn features(&self) -> Vec<String> {
+        let mut f = Vec::new();
+        if self.qkv_bias {
+            f.push("Q/K/V biases".to_string());
+        }
+        if self.fused_qkv {
+            f.push("fused attn_qkv".into());
+        }
+        if self.spec.fused_gate_up {
+            f.push("fused gate/up".into());
+        }
+        if self.spec.qk_norm {
+            f.push("per-head Q/K norm".into());
+        }
+        if self.spec.post_norms {
+            f.push("post-attention/FFN norms".into());
+        }
+        if self.spec.embed_scale_sqrt {
+            f.push("embeddings ×√n_embd".into());
+        }
+        if let Some(w) = self.sliding_window {
+            let n = self.swa_layers.iter().filter(|&&l| l).count();
+            let mut s = format!("sliding window {w} on {n}/{} layers", self.n_layer);
+            if let Some(t) = self.rope_theta_swa {
+                s.push_str(&format!(" (rope theta {t})"));
+            }
+            f.push(s);
+        }
+        if let Some(s) = self.attn_scale {
+            f.push(format!("attention scale {s}"));
+        }
+        if let Some(c) = self.final_logit_softcap {
+            f.push(format!("logit soft-cap {c}"));
+        }
+        f
     }
 
     /// Grouped-query attention: fewer KV heads than query heads.
@@ -298,18 +409,41 @@ impl LlamaConfig {
         let kv_v = self.n_head_kv as u64 * self.head_dim_v as u64;
         let o_in = self.n_head as u64 * self.head_dim_v as u64;
         let ff = self.n_ff as u64;
+        let hd = self.head_dim as u64;
         let r = |dims: Vec<u64>, why: &str| Some((dims, why.to_string()));
         match name {
             tn::TOKEN_EMBD | tn::OUTPUT => r(vec![e, v], "[n_embd, n_vocab]"),
             tn::OUTPUT_NORM => r(vec![e], "[n_embd]"),
             tn::ROPE_FREQS => r(vec![self.rope_dim as u64 / 2], "[rope_dim / 2]"),
             _ => {
-                let (layer, suffix) = parse_block_name(name)?;
+                let (layer, suffix, bias) = parse_block_name(name)?;
                 if layer >= self.n_layer as u64 {
                     return None;
                 }
+                if bias {
+                    return match suffix {
+                        tn::ATTN_Q => r(vec![q], "[n_head * head_dim]"),
+                        tn::ATTN_K => r(vec![kv], "[n_head_kv * head_dim]"),
+                        tn::ATTN_V => r(vec![kv_v], "[n_head_kv * head_dim_v]"),
+                        tn::ATTN_QKV => r(
+                            vec![q + kv + kv_v],
+                            "[(n_head + n_head_kv) * head_dim + n_head_kv * head_dim_v]",
+                        ),
+                        tn::ATTN_OUTPUT => r(vec![e], "[n_embd]"),
+                        _ => None,
+                    };
+                }
                 match suffix {
                     tn::ATTN_NORM | tn::FFN_NORM => r(vec![e], "[n_embd]"),
+                    tn::ATTN_POST_NORM | tn::FFN_POST_NORM => r(vec![e], "[n_embd]"),
+                    tn::ATTN_Q_NORM | tn::ATTN_K_NORM => r(vec![hd], "[head_dim]"),
+                    tn::ATTN_QKV => r(
+                        vec![e, q + kv + kv_v],
+                        "[n_embd, (n_head + n_head_kv) * head_dim + n_head_kv * head_dim_v]",
+                    ),
+                    tn::FFN_UP if self.spec.fused_gate_up => {
+                        r(vec![e, 2 * ff], "[n_embd, 2 * n_ff] (gate and up stacked)")
+                    }
                     tn::ATTN_Q => r(vec![e, q], "[n_embd, n_head * head_dim]"),
                     tn::ATTN_K => r(vec![e, kv], "[n_embd, n_head_kv * head_dim]"),
                     tn::ATTN_V => r(vec![e, kv_v], "[n_embd, n_head_kv * head_dim_v]"),
@@ -322,25 +456,50 @@ impl LlamaConfig {
         }
     }
 
-    /// Names of the tensors this config requires, in file order as llama.cpp writes them.
+    /// Names of the tensors this config requires (biases are optional everywhere).
     pub fn required_tensors(&self) -> Vec<String> {
         let mut names = vec![tn::TOKEN_EMBD.to_string(), tn::OUTPUT_NORM.to_string()];
+        let attn: &[&str] = if self.fused_qkv {
+            &[tn::ATTN_QKV]
+        } else {
+            &[tn::ATTN_Q, tn::ATTN_K, tn::ATTN_V]
+        };
+        let ffn: &[&str] = if self.spec.fused_gate_up {
+            &[tn::FFN_UP, tn::FFN_DOWN]
+        } else {
+            &[tn::FFN_GATE, tn::FFN_UP, tn::FFN_DOWN]
+        };
+        let qk_norm: &[&str] = if self.spec.qk_norm {
+            &[tn::ATTN_Q_NORM, tn::ATTN_K_NORM]
+        } else {
+            &[]
+        };
+        let post: &[&str] = if self.spec.post_norms {
+            &[tn::ATTN_POST_NORM, tn::FFN_POST_NORM]
+        } else {
+            &[]
+        };
         for l in 0..self.n_layer as usize {
-            for s in [
-                tn::ATTN_NORM,
-                tn::ATTN_Q,
-                tn::ATTN_K,
-                tn::ATTN_V,
-                tn::ATTN_OUTPUT,
-                tn::FFN_NORM,
-                tn::FFN_GATE,
-                tn::FFN_UP,
-                tn::FFN_DOWN,
-            ] {
-                names.push(tn::blk(l, s));
-            }
+            let all = [
+                &[tn::ATTN_NORM][..],
+                attn,
+                qk_norm,
+                &[tn::ATTN_OUTPUT],
+                post,
+            ]
+            .into_iter()
+            .chain([&[tn::FFN_NORM][..], ffn]);
+            names.extend(all.flatten().map(|s| tn::blk(l, s)));
         }
         names
+    }
+
+    /// Whether layer `layer` attends through the sliding window, and its size.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        match (self.sliding_window, self.swa_layers.get(layer)) {
+            (Some(w), Some(true)) => Some(w as usize),
+            _ => None,
+        }
     }
 
     /// Check that every required tensor exists and that every tensor this config knows has
@@ -349,7 +508,7 @@ impl LlamaConfig {
         self.check_tensor_infos(file.tensors())
     }
 
-    /// [`LlamaConfig::check_tensors`] over a list of tensor infos.
+    /// [`ModelConfig::check_tensors`] over a list of tensor infos.
     pub fn check_tensor_infos(&self, infos: &[TensorInfo]) -> Result<(), ModelError> {
         let find = |name: &str| infos.iter().find(|t| t.name == name);
         for name in self.required_tensors() {
@@ -370,7 +529,7 @@ impl LlamaConfig {
                     }
                 }
                 None => {
-                    if let Some((layer, _)) = parse_block_name(&t.name)
+                    if let Some((layer, _, _)) = parse_block_name(&t.name)
                         && layer >= self.n_layer as u64
                     {
                         return Err(ModelError::UnexpectedTensor {
@@ -385,12 +544,39 @@ impl LlamaConfig {
     }
 }
 
-/// `blk.N.suffix.weight` -> `(N, suffix)`.
-fn parse_block_name(name: &str) -> Option<(u64, &str)> {
+/// `blk.N.suffix.weight` -> `(N, suffix, false)`, `blk.N.suffix.bias` -> `(N, suffix, true)`.
+fn parse_block_name(name: &str) -> Option<(u64, &str, bool)> {
     let rest = name.strip_prefix("blk.")?;
     let (n, rest) = rest.split_once('.')?;
-    let suffix = rest.strip_suffix(".weight")?;
-    Some((n.parse().ok()?, suffix))
+    let (suffix, bias) = match rest.strip_suffix(".weight") {
+        Some(s) => (s, false),
+        None => (rest.strip_suffix(".bias")?, true),
+    };
+    Some((n.parse().ok()?, suffix, bias))
+}
+
+/// Which layers use the sliding window: `{arch}.attention.sliding_window_pattern` as a
+/// period (every `n`-th layer global) or a per-layer bool array, else the family's pattern.
+fn read_swa_pattern(
+    k: &Keys<'_>,
+    spec: &FamilySpec,
+    n_layer: usize,
+) -> Result<Vec<bool>, ModelError> {
+    let key = k.key(keys::ATTENTION_SLIDING_WINDOW_PATTERN);
+    if let Some(damascus_gguf::Value::Array(a)) = k.md.get(&key) {
+        return match a.as_bools() {
+            Some(f) if f.len() == n_layer => Ok(f.to_vec()),
+            _ => Err(ModelError::BadConfig {
+                key,
+                message: format!("expected {n_layer} booleans, one per layer"),
+            }),
+        };
+    }
+    let layers = match k.opt_u32(keys::ATTENTION_SLIDING_WINDOW_PATTERN)? {
+        Some(n) => crate::family::WindowLayers::AllButEvery(n),
+        None => spec.window_layers,
+    };
+    Ok((0..n_layer).map(|l| layers.is_local(l)).collect())
 }
 
 /// Dims without trailing 1s (some writers pad 1-D tensors to `[n, 1]`), keeping at least one.

@@ -1,4 +1,4 @@
-//! Tests of [`LlamaConfig`] on in-memory GGUF files built with [`GgufWriter`].
+//! Tests of [`ModelConfig`] on in-memory GGUF files built with [`GgufWriter`].
 
 use damascus_gguf::keys::{self, tensors as tn};
 use damascus_gguf::{Array, GgmlType, GgufFile, GgufWriter, Metadata, Value};
@@ -97,15 +97,15 @@ impl Tiny {
         GgufFile::from_bytes(bytes).unwrap()
     }
 
-    fn config(&self) -> Result<LlamaConfig, ModelError> {
+    fn config(&self) -> Result<ModelConfig, ModelError> {
         let f = self.build();
-        let c = LlamaConfig::from_gguf(&f)?;
+        let c = ModelConfig::from_gguf(&f)?;
         c.check_tensors(&f)?;
         Ok(c)
     }
 }
 
-fn err_text(r: Result<LlamaConfig, ModelError>) -> String {
+fn err_text(r: Result<ModelConfig, ModelError>) -> String {
     r.expect_err("expected an error").to_string()
 }
 
@@ -338,7 +338,7 @@ fn llama32_3b_metadata() {
     set(llama(keys::VOCAB_SIZE), Value::U32(128_256));
     set(llama(keys::ROPE_DIMENSION_COUNT), Value::U32(128));
     let c =
-        LlamaConfig::from_metadata(&md, |n| n == tn::ROPE_FREQS || n == tn::TOKEN_EMBD).unwrap();
+        ModelConfig::from_metadata(&md, |n| n == tn::ROPE_FREQS || n == tn::TOKEN_EMBD).unwrap();
     assert_eq!(
         (
             c.n_layer,
@@ -367,4 +367,123 @@ fn llama32_3b_metadata() {
     );
     assert!(c.expected_shape(&tn::blk(28, tn::ATTN_K)).is_none());
     assert_eq!(c.required_tensors().len(), 2 + 28 * 9);
+}
+
+impl Tiny {
+    /// The same model declared as `arch` (every `llama.*` key renamed).
+    fn arch(mut self, arch: &str) -> Tiny {
+        for (k, v) in &mut self.md {
+            if let Some(rest) = k.strip_prefix("llama.") {
+                *k = format!("{arch}.{rest}");
+            } else if k == keys::GENERAL_ARCHITECTURE {
+                *v = Value::String(arch.into());
+            }
+        }
+        self
+    }
+
+    fn per_layer(mut self, suffix: &str, dims: Vec<u64>) -> Tiny {
+        for l in 0..2 {
+            self = self.tensor(&tn::blk(l, suffix), dims.clone());
+        }
+        self
+    }
+
+    fn gemma3(self) -> Tiny {
+        self.arch("gemma3")
+            .per_layer(tn::ATTN_Q_NORM, vec![4])
+            .per_layer(tn::ATTN_K_NORM, vec![4])
+            .per_layer(tn::ATTN_POST_NORM, vec![8])
+            .per_layer(tn::FFN_POST_NORM, vec![8])
+    }
+}
+
+#[test]
+fn unsupported_architecture_names_every_supported_one() {
+    let e = err_text(Tiny::new().arch("mamba").config());
+    assert!(e.contains("\"mamba\""), "{e}");
+    assert!(e.contains("llama, qwen2, qwen3, phi3, gemma3"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+#[test]
+fn gemma3_reads_its_spec_windows_and_softcap() {
+    let c = Tiny::new().gemma3().config().unwrap();
+    assert_eq!(c.family, crate::family::Family::Gemma3);
+    assert!(c.spec.qk_norm && c.spec.post_norms && c.spec.embed_scale_sqrt);
+    assert_eq!(c.sliding_window, None);
+    assert_eq!(c.swa_layers, vec![false, false]);
+    assert_eq!(c.ffn_name(), "GeGLU (tanh)");
+    // A window: the family's 5:1 pattern, the local layers' θ 10k, the soft-cap.
+    let c = Tiny::new()
+        .gemma3()
+        .set("gemma3.attention.sliding_window", Value::U32(4))
+        .set("gemma3.final_logit_softcapping", Value::F32(30.0))
+        .config()
+        .unwrap();
+    assert_eq!((c.sliding_window, c.window_of(0)), (Some(4), Some(4)));
+    assert_eq!(c.swa_layers, vec![true, true]);
+    assert_eq!(c.rope_theta_swa, Some(10_000.0));
+    assert_eq!(c.final_logit_softcap, Some(30.0));
+    // The pattern from metadata: a period, or one flag per layer.
+    let with = |v: Value| {
+        Tiny::new()
+            .gemma3()
+            .set("gemma3.attention.sliding_window", Value::U32(4))
+            .set("gemma3.attention.sliding_window_pattern", v)
+            .config()
+    };
+    assert_eq!(with(Value::U32(2)).unwrap().swa_layers, vec![true, false]);
+    let flags = Value::Array(Array::Bool(vec![false, true]));
+    assert_eq!(with(flags).unwrap().swa_layers, vec![false, true]);
+    let short = Value::Array(Array::Bool(vec![true]));
+    assert!(err_text(with(short)).contains("sliding_window_pattern"));
+    // The family's tensors are required.
+    let e = err_text(
+        Tiny::new()
+            .gemma3()
+            .without_tensor(&tn::blk(1, tn::ATTN_K_NORM))
+            .config(),
+    );
+    assert!(e.contains("blk.1.attn_k_norm.weight"), "{e}");
+    let e = err_text(
+        Tiny::new()
+            .gemma3()
+            .tensor(&tn::blk(0, tn::ATTN_Q_NORM), vec![8])
+            .config(),
+    );
+    assert!(e.contains("head_dim"), "{e}");
+}
+
+#[test]
+fn phi3_fused_tensors_and_qwen2_biases_are_checked() {
+    let phi3 = Tiny::new()
+        .arch("phi3")
+        .per_layer(tn::ATTN_QKV, vec![8, 16])
+        .per_layer(tn::FFN_UP, vec![8, 32]);
+    let mut phi3 = phi3;
+    for l in 0..2 {
+        for s in [tn::ATTN_Q, tn::ATTN_K, tn::ATTN_V, tn::FFN_GATE] {
+            phi3 = phi3.without_tensor(&tn::blk(l, s));
+        }
+    }
+    let c = phi3.config().unwrap();
+    assert!(c.fused_qkv && c.spec.fused_gate_up);
+    assert!(c.features().contains(&"fused attn_qkv".to_string()));
+    let e = err_text(phi3.tensor(&tn::blk(0, tn::FFN_UP), vec![8, 16]).config());
+    assert!(e.contains("2 * n_ff"), "{e}");
+
+    let qwen2 = Tiny::new()
+        .arch("qwen2")
+        .tensor(&tn::blk_bias(0, tn::ATTN_Q), vec![8])
+        .tensor(&tn::blk_bias(0, tn::ATTN_K), vec![4])
+        .tensor(&tn::blk_bias(0, tn::ATTN_V), vec![4]);
+    let c = qwen2.config().unwrap();
+    assert!(c.qkv_bias);
+    assert_eq!(
+        c.spec.rope_layout,
+        damascus_kernels::reference::RopeLayout::Neox
+    );
+    let e = err_text(qwen2.tensor(&tn::blk_bias(0, tn::ATTN_K), vec![8]).config());
+    assert!(e.contains("blk.0.attn_k.bias"), "{e}");
 }

@@ -1,9 +1,15 @@
-//! The Llama decoder, generic over a [`Backend`]:
+//! The decoder, generic over a [`Backend`], for every family of [`crate::family`]:
 //!
 //! ```text
-//! embed → ×L (RMSNorm → Q/K/V → RoPE → causal GQA attention over the KV cache → output
-//! projection → residual → RMSNorm → SwiGLU FFN → residual) → final RMSNorm → LM head → logits
+//! embed [× scale] → ×L (RMSNorm → Q/K/V [+ bias] [→ per-head Q/K RMSNorm] → RoPE → causal GQA
+//! attention over the KV cache [window] → output projection [→ RMSNorm] → residual → RMSNorm →
+//! gated FFN (SwiGLU | GeGLU) [→ RMSNorm] → residual) → final RMSNorm → LM head [→ soft-cap]
 //! ```
+//!
+//! The bracketed steps are what a [`crate::family::FamilySpec`] turns on; the weights they
+//! need are optional fields of [`LayerWeights`], loaded when the family asks for them (biases:
+//! when the file has them). Fused tensors (Phi-3's `attn_qkv`, `ffn_up` holding gate and up)
+//! are split into row ranges at load, so backends only ever see separate matrices.
 //!
 //! A forward pass takes any number of new tokens: a prompt (prefill) runs as matrices and fills
 //! the cache for all its positions in one pass; a single token (decode) appends one position.
@@ -14,7 +20,7 @@ use damascus_gguf::GgufFile;
 use damascus_gguf::keys::tensors as names;
 use damascus_kernels::reference::AttnShape;
 
-use crate::backend::{Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::params::DecoderParams;
 use crate::tensor::FileTensor;
@@ -29,8 +35,14 @@ pub struct LayerWeights<B: Backend> {
     pub wk: B::Matrix,
     /// `[n_head_kv * head_dim, n_embd]` value projection.
     pub wv: B::Matrix,
+    /// `[n_head * head_dim]`, `[n_head_kv * head_dim]` ×2: Q/K/V biases (Qwen 2), if any.
+    pub qkv_bias: Option<[B::Vector; 3]>,
+    /// `[head_dim]` ×2: per-head Q and K RMSNorm scales (Qwen 3, Gemma 3).
+    pub qk_norm: Option<[B::Vector; 2]>,
     /// `[n_embd, n_head * head_dim]` attention output projection.
     pub wo: B::Matrix,
+    /// `[n_embd]` RMSNorm of the attention output before the residual (Gemma 3).
+    pub attn_post_norm: Option<B::Vector>,
     /// `[n_embd]` FFN RMSNorm scale.
     pub ffn_norm: B::Vector,
     /// `[n_ff, n_embd]` FFN gate projection.
@@ -39,6 +51,8 @@ pub struct LayerWeights<B: Backend> {
     pub w_up: B::Matrix,
     /// `[n_embd, n_ff]` FFN down projection.
     pub w_down: B::Matrix,
+    /// `[n_embd]` RMSNorm of the FFN output before the residual (Gemma 3).
+    pub ffn_post_norm: Option<B::Vector>,
 }
 
 /// All prepared weights of the model.
@@ -68,11 +82,14 @@ pub struct Hidden<'h> {
 /// A hook observing every hidden state of a forward pass (used by `verify`).
 pub type HiddenHook<'a> = &'a mut dyn FnMut(&Hidden<'_>);
 
-/// A Llama decoder: hyper-parameters, prepared weights and the backend that runs them.
+/// A decoder: hyper-parameters, prepared weights and the backend that runs them.
 pub struct Decoder<B: Backend> {
     backend: B,
     params: DecoderParams,
+    /// RoPE of every layer (the global layers' when the sliding-window ones differ).
     rope: RopeParams,
+    /// RoPE of the sliding-window layers, when it differs from `rope` (Gemma 3: θ = 10k).
+    rope_swa: Option<RopeParams>,
     weights: Weights<B>,
 }
 
@@ -131,20 +148,86 @@ impl<B: Backend> Decoder<B> {
         file: &Arc<GgufFile>,
         params: DecoderParams,
     ) -> Result<Self, ModelError> {
-        let matrix = |name: &str| backend.prepare_matrix(&FileTensor::new(file, name)?);
-        let vector = |name: &str| backend.prepare_vector(&FileTensor::new(file, name)?);
-        let mut layers = Vec::with_capacity(params.n_layer);
-        for l in 0..params.n_layer {
+        let tensor = |name: &str| FileTensor::new(file, name);
+        let matrix = |t: FileTensor| backend.prepare_matrix(&t);
+        let vector = |name: &str| backend.prepare_vector(&tensor(name)?);
+        let opt_vector = |name: &str| {
+            find(file, name)
+                .map(|t| backend.prepare_vector(&t?))
+                .transpose()
+        };
+        let p = &params;
+        let (q_rows, kv_rows) = (p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
+        let mut layers = Vec::with_capacity(p.n_layer);
+        for l in 0..p.n_layer {
+            let blk = |suffix: &str| names::blk(l, suffix);
+            let (wq, wk, wv) = if p.fused_qkv {
+                // Phi-3: rows [Q; K; V] of one tensor.
+                let qkv = tensor(&blk(names::ATTN_QKV))?;
+                (
+                    matrix(qkv.slice_rows(0..q_rows)?)?,
+                    matrix(qkv.slice_rows(q_rows..q_rows + kv_rows)?)?,
+                    matrix(qkv.slice_rows(q_rows + kv_rows..q_rows + 2 * kv_rows)?)?,
+                )
+            } else {
+                (
+                    matrix(tensor(&blk(names::ATTN_Q))?)?,
+                    matrix(tensor(&blk(names::ATTN_K))?)?,
+                    matrix(tensor(&blk(names::ATTN_V))?)?,
+                )
+            };
+            let bias = |suffix: &str| opt_vector(&names::blk_bias(l, suffix));
+            let qkv_bias = match (
+                bias(names::ATTN_Q)?,
+                bias(names::ATTN_K)?,
+                bias(names::ATTN_V)?,
+            ) {
+                (Some(bq), Some(bk), Some(bv)) => Some([bq, bk, bv]),
+                (None, None, None) => None,
+                _ => {
+                    return Err(ModelError::MissingTensor {
+                        name: format!(
+                            "{} (the layer has only some of the Q/K/V biases)",
+                            names::blk_bias(l, "attn_{q,k,v}")
+                        ),
+                    });
+                }
+            };
+            let (w_gate, w_up) = if p.spec.fused_gate_up {
+                // Phi-3: rows [gate; up] of `ffn_up`.
+                let up = tensor(&blk(names::FFN_UP))?;
+                (
+                    matrix(up.slice_rows(0..p.n_ff)?)?,
+                    matrix(up.slice_rows(p.n_ff..2 * p.n_ff)?)?,
+                )
+            } else {
+                (
+                    matrix(tensor(&blk(names::FFN_GATE))?)?,
+                    matrix(tensor(&blk(names::FFN_UP))?)?,
+                )
+            };
+            let norm = |want: bool, suffix: &str| want.then(|| vector(&blk(suffix))).transpose();
+            let qk_norm = match (
+                norm(p.spec.qk_norm, names::ATTN_Q_NORM)?,
+                norm(p.spec.qk_norm, names::ATTN_K_NORM)?,
+            ) {
+                (Some(q), Some(k)) => Some([q, k]),
+                _ => None,
+            };
             layers.push(LayerWeights {
-                attn_norm: vector(&names::blk(l, names::ATTN_NORM))?,
-                wq: matrix(&names::blk(l, names::ATTN_Q))?,
-                wk: matrix(&names::blk(l, names::ATTN_K))?,
-                wv: matrix(&names::blk(l, names::ATTN_V))?,
-                wo: matrix(&names::blk(l, names::ATTN_OUTPUT))?,
-                ffn_norm: vector(&names::blk(l, names::FFN_NORM))?,
-                w_gate: matrix(&names::blk(l, names::FFN_GATE))?,
-                w_up: matrix(&names::blk(l, names::FFN_UP))?,
-                w_down: matrix(&names::blk(l, names::FFN_DOWN))?,
+                attn_norm: vector(&blk(names::ATTN_NORM))?,
+                wq,
+                wk,
+                wv,
+                qkv_bias,
+                qk_norm,
+                wo: matrix(tensor(&blk(names::ATTN_OUTPUT))?)?,
+                attn_post_norm: norm(p.spec.post_norms, names::ATTN_POST_NORM)?,
+                ffn_norm: vector(&blk(names::FFN_NORM))?,
+                w_gate,
+                w_up,
+                w_down: matrix(tensor(&blk(names::FFN_DOWN))?)?,
+                ffn_post_norm: norm(p.spec.post_norms, names::FFN_POST_NORM)?,
             });
         }
         let output = match find(file, names::OUTPUT) {
@@ -152,7 +235,7 @@ impl<B: Backend> Decoder<B> {
             None => None,
         };
         let weights = Weights {
-            token_embd: matrix(names::TOKEN_EMBD)?,
+            token_embd: matrix(tensor(names::TOKEN_EMBD)?)?,
             layers,
             output_norm: vector(names::OUTPUT_NORM)?,
             output,
@@ -162,10 +245,12 @@ impl<B: Backend> Decoder<B> {
             None => None,
         };
         let rope = params.rope_params(freq_factors.as_deref())?;
+        let rope_swa = params.rope_params_swa();
         Ok(Self {
             backend,
             params,
             rope,
+            rope_swa,
             weights,
         })
     }
@@ -314,6 +399,9 @@ impl<B: Backend> Decoder<B> {
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
         };
+        // The attention kernels scale scores by 1/√head_dim; a family that wants another
+        // scale has Q pre-multiplied by the ratio.
+        let q_scale = p.attn_scale.map(|a| a * (p.head_dim as f32).sqrt());
         let mut emit = |slot: usize, act: &B::Act| -> Result<(), ModelError> {
             if let Some(h) = hook.as_mut() {
                 let data = b.read(act)?;
@@ -331,27 +419,54 @@ impl<B: Backend> Decoder<B> {
         // begin_forward to end_forward.
         let body = (|| -> Result<(), ModelError> {
             b.embed(&w.token_embd, ids, &mut s.x)?;
+            if let Some(scale) = p.embed_scale {
+                b.scale(&mut s.x, scale)?;
+            }
             emit(0, &s.x)?;
             for (l, lw) in w.layers.iter().enumerate() {
                 // Attention block.
                 b.rms_norm(&s.x, &lw.attn_norm, p.rms_eps, &mut s.xn)?;
                 b.qkv(&s.xn, &lw.wq, &lw.wk, &lw.wv, &mut s.q, &mut s.k, &mut s.v)?;
+                if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                    b.add_bias(&mut s.q, bq)?;
+                    b.add_bias(&mut s.k, bk)?;
+                    b.add_bias(&mut s.v, bv)?;
+                }
+                if let Some([qn, kn]) = &lw.qk_norm {
+                    b.rms_norm_heads(&mut s.q, qn, p.rms_eps, p.head_dim)?;
+                    b.rms_norm_heads(&mut s.k, kn, p.rms_eps, p.head_dim)?;
+                }
+                if let Some(q_scale) = q_scale {
+                    b.scale(&mut s.q, q_scale)?;
+                }
+                let window = p.windows[l];
+                let rope = match (&self.rope_swa, window) {
+                    (Some(r), Some(_)) => r,
+                    _ => &self.rope,
+                };
+                let attn = AttnSpec {
+                    shape: attn_shape,
+                    window,
+                };
                 b.rope_attention(
                     kv,
                     l,
-                    attn_shape,
+                    attn,
                     pos0,
-                    &self.rope,
+                    rope,
                     &mut s.q,
                     &mut s.k,
                     &s.v,
                     &mut s.attn,
                 )?;
-                b.matmul_add(&lw.wo, &s.attn, &mut s.x, &mut s.proj)?;
+                let post = lw.attn_post_norm.as_ref();
+                s.residual(b, p.rms_eps, &lw.wo, ResidualInput::Attn, post)?;
                 // Feed-forward block.
                 b.rms_norm(&s.x, &lw.ffn_norm, p.rms_eps, &mut s.xn)?;
-                b.ffn_gate_up(&s.xn, &lw.w_gate, &lw.w_up, &mut s.gate, &mut s.up)?;
-                b.matmul_add(&lw.w_down, &s.gate, &mut s.x, &mut s.proj)?;
+                let act = p.spec.activation;
+                b.ffn_gate_up(&s.xn, &lw.w_gate, &lw.w_up, act, &mut s.gate, &mut s.up)?;
+                let post = lw.ffn_post_norm.as_ref();
+                s.residual(b, p.rms_eps, &lw.w_down, ResidualInput::Gate, post)?;
                 emit(l + 1, &s.x)?;
             }
             b.rms_norm(&s.x, &w.output_norm, p.rms_eps, &mut s.xn)?;
@@ -360,11 +475,49 @@ impl<B: Backend> Decoder<B> {
             b.copy_row(&s.xn, n_tokens - 1, &mut s.last)?;
             let head = w.output.as_ref().unwrap_or(&w.token_embd);
             b.matmul(head, &s.last, &mut s.logits)?;
+            if let Some(cap) = p.final_logit_softcap {
+                b.softcap(&mut s.logits, cap)?;
+            }
             Ok(())
         })();
         let ended = b.end_forward();
         body?;
         ended
+    }
+}
+
+/// Which activation feeds a residual projection.
+#[derive(Clone, Copy)]
+enum ResidualInput {
+    /// The attention output (into `attn_output`).
+    Attn,
+    /// The gated FFN activation (into `ffn_down`).
+    Gate,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// `x += post_norm(W · input)`: an output projection and its residual add, the product
+    /// RMS-normed first where the family has a post-norm (product in `proj`, norm in `xn`).
+    fn residual(
+        &mut self,
+        b: &B,
+        eps: f32,
+        w: &B::Matrix,
+        input: ResidualInput,
+        post_norm: Option<&B::Vector>,
+    ) -> Result<(), ModelError> {
+        let input = match input {
+            ResidualInput::Attn => &self.attn,
+            ResidualInput::Gate => &self.gate,
+        };
+        match post_norm {
+            None => b.matmul_add(w, input, &mut self.x, &mut self.proj),
+            Some(norm) => {
+                b.matmul(w, input, &mut self.proj)?;
+                b.rms_norm(&self.proj, norm, eps, &mut self.xn)?;
+                b.add(&mut self.x, &self.xn)
+            }
+        }
     }
 }
 

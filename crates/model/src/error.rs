@@ -23,7 +23,10 @@ pub enum ModelError {
         message: String,
     },
     /// The architecture is not one Damascus runs.
-    #[error("unsupported architecture {arch:?} (general.architecture); supported: llama")]
+    #[error(
+        "unsupported architecture {arch:?} (general.architecture); supported: {}",
+        crate::family::SUPPORTED_ARCHS.join(", ")
+    )]
     UnsupportedArch {
         /// The value of `general.architecture`.
         arch: String,

@@ -16,6 +16,7 @@ pub mod batch;
 pub mod config;
 pub mod decoder;
 pub mod error;
+pub mod family;
 pub mod kv_pool;
 pub mod params;
 pub mod session;

@@ -1,17 +1,20 @@
 //! The decoder's hyper-parameters in the form the forward pass uses them, derived from
-//! [`LlamaConfig`](crate::config::LlamaConfig) (which mirrors the GGUF metadata).
+//! [`ModelConfig`](crate::config::ModelConfig) (which mirrors the GGUF metadata).
 
 use damascus_kernels::reference::{
     RopeLayout, RopeScalingLlama3, llama3_freq_factors, rope_inv_freq,
 };
 
 use crate::backend::RopeParams;
-use crate::config::{LlamaConfig, RopeScalingKind};
+use crate::config::{ModelConfig, RopeScalingKind};
 use crate::error::ModelError;
+use crate::family::FamilySpec;
 
-/// Hyper-parameters of a Llama-style decoder, all sizes in elements.
+/// Hyper-parameters of a decoder, all sizes in elements.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderParams {
+    /// What the family does differently from Llama.
+    pub spec: FamilySpec,
     /// Decoder layers.
     pub n_layer: usize,
     /// Hidden size.
@@ -38,6 +41,18 @@ pub struct DecoderParams {
     pub rope_llama3: Option<RopeScalingLlama3>,
     /// Linear position scaling: positions are divided by this factor (1 = none).
     pub rope_linear: f32,
+    /// RoPE θ of sliding-window layers, unscaled; `None`: they rotate like the others.
+    pub rope_theta_swa: Option<f32>,
+    /// Per layer: the sliding window (positions seen, itself included), `None` = global.
+    pub windows: Vec<Option<usize>>,
+    /// Attention score scale when not `1/sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    /// Token embeddings are multiplied by this (Gemma: `√n_embd`).
+    pub embed_scale: Option<f32>,
+    /// Logits become `cap·tanh(logit/cap)`.
+    pub final_logit_softcap: Option<f32>,
+    /// Q/K/V live in one `attn_qkv` tensor per layer.
+    pub fused_qkv: bool,
 }
 
 impl DecoderParams {
@@ -59,7 +74,25 @@ impl DecoderParams {
         if self.n_layer == 0 || self.n_embd == 0 || self.n_ff == 0 || self.n_vocab == 0 {
             return bad(format!("degenerate sizes: {self:?}"));
         }
+        if self.windows.len() != self.n_layer || self.windows.contains(&Some(0)) {
+            return bad(format!(
+                "{} sliding windows for {} layers (none may be 0)",
+                self.windows.len(),
+                self.n_layer
+            ));
+        }
         Ok(())
+    }
+
+    /// RoPE parameters of the sliding-window layers when they differ from the others:
+    /// θ = `rope_theta_swa`, no scaling (as llama.cpp and Hugging Face do for Gemma 3's local
+    /// layers).
+    pub fn rope_params_swa(&self) -> Option<RopeParams> {
+        self.rope_theta_swa.map(|theta| RopeParams {
+            layout: self.rope_layout,
+            head_dim: self.head_dim,
+            inv_freq: rope_inv_freq(self.rope_dim, theta, None),
+        })
     }
 
     /// RoPE parameters: `freq_factors` (`[rope_dim / 2]` from `rope_freqs.weight`) take
@@ -93,19 +126,8 @@ impl DecoderParams {
     }
 }
 
-/// The rotary layout an architecture uses in GGUF: llama-family files store Q/K permuted for
-/// adjacent pairs; NEOX-style architectures keep HF's halves.
-pub fn rope_layout_for_arch(arch: &str) -> RopeLayout {
-    match arch {
-        "qwen2" | "qwen3" | "phi3" | "gptneox" | "stablelm" | "olmo2" | "gemma" | "gemma2" => {
-            RopeLayout::Neox
-        }
-        _ => RopeLayout::Normal,
-    }
-}
-
-/// Derives the decoder's parameters from a validated [`LlamaConfig`].
-pub fn from_config(config: &LlamaConfig) -> Result<DecoderParams, ModelError> {
+/// Derives the decoder's parameters from a validated [`ModelConfig`].
+pub fn from_config(config: &ModelConfig) -> Result<DecoderParams, ModelError> {
     let rope_llama3 = match &config.rope_scaling {
         None => None,
         Some(s) => match s.kind {
@@ -127,6 +149,7 @@ pub fn from_config(config: &LlamaConfig) -> Result<DecoderParams, ModelError> {
         },
     };
     Ok(DecoderParams {
+        spec: config.spec,
         n_layer: config.n_layer as usize,
         n_embd: config.n_embd as usize,
         n_ff: config.n_ff as usize,
@@ -137,11 +160,22 @@ pub fn from_config(config: &LlamaConfig) -> Result<DecoderParams, ModelError> {
         rms_eps: config.rms_eps,
         rope_theta: config.rope_theta,
         rope_dim: config.rope_dim as usize,
-        rope_layout: rope_layout_for_arch(&config.arch),
+        rope_layout: config.spec.rope_layout,
         rope_llama3,
         rope_linear: match &config.rope_scaling {
             Some(s) if s.kind == RopeScalingKind::Linear => s.factor,
             _ => 1.0,
         },
+        rope_theta_swa: config.rope_theta_swa,
+        windows: (0..config.n_layer as usize)
+            .map(|l| config.window_of(l))
+            .collect(),
+        attn_scale: config.attn_scale,
+        embed_scale: config
+            .spec
+            .embed_scale_sqrt
+            .then(|| (config.n_embd as f32).sqrt()),
+        final_logit_softcap: config.final_logit_softcap,
+        fused_qkv: config.fused_qkv,
     })
 }

@@ -10,7 +10,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
 use crate::backend::{Backend, KvCacheType};
 use crate::batch::{PagedCache, PagedState, SeqInput};
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::decoder::{Decoder, DecoderState, HiddenHook, PagedKv};
 use crate::error::ModelError;
 use crate::params::DecoderParams;
@@ -170,7 +170,7 @@ impl<B: Backend> SessionState for SessionOf<B> {
 /// Cheap to share between threads; create a [`Session`] per sequence.
 pub struct Model {
     file: Arc<GgufFile>,
-    config: LlamaConfig,
+    config: ModelConfig,
     params: DecoderParams,
     n_ctx: usize,
     cache_type: Option<KvCacheType>,
@@ -214,7 +214,7 @@ impl Model {
                 n_gpu_layers,
                 n_threads,
             } => {
-                let n_layer = LlamaConfig::from_gguf(&file)?.n_layer as usize;
+                let n_layer = ModelConfig::from_gguf(&file)?.n_layer as usize;
                 match n_gpu_layers {
                     Some(0) => Self::with_backend(
                         file,
@@ -249,7 +249,7 @@ impl Model {
         opts: &LoadOptions,
         backend: B,
     ) -> Result<Model, ModelError> {
-        let config = LlamaConfig::from_gguf(&file)?;
+        let config = ModelConfig::from_gguf(&file)?;
         config.check_tensors(&file)?;
         let params = crate::params::from_config(&config)?;
         params.validate()?;
@@ -276,7 +276,7 @@ impl Model {
     }
 
     /// The model's configuration from its metadata.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 

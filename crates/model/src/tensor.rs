@@ -267,19 +267,23 @@ impl<'a> Tensor<'a> {
     }
 }
 
-/// An owned handle to one tensor of a shared, memory-mapped GGUF file: `'static`, cheap to
+/// An owned handle to one tensor of a shared, memory-mapped GGUF file (or a range of its
+/// rows: how fused tensors such as Phi-3's `attn_qkv` are split at load): `'static`, cheap to
 /// clone, and able to hand out borrowed [`Tensor`] views. Backends that read weights straight
 /// from the mapping keep these.
 #[derive(Clone)]
 pub struct FileTensor {
     file: Arc<GgufFile>,
     index: usize,
+    /// Outermost rows of the file's tensor this handle covers (`None`: all of them).
+    rows: Option<Range<usize>>,
 }
 
 impl std::fmt::Debug for FileTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileTensor")
             .field("name", &self.info().name)
+            .field("rows", &self.rows)
             .finish()
     }
 }
@@ -297,10 +301,29 @@ impl FileTensor {
         Ok(Self {
             file: Arc::clone(file),
             index,
+            rows: None,
         })
     }
 
-    /// The tensor's header entry.
+    /// Rows `range` of this tensor's outermost dimension (for a matrix `[rows, cols]`: a
+    /// block of output rows), still read from the file without copying.
+    pub fn slice_rows(&self, range: Range<usize>) -> Result<FileTensor, ModelError> {
+        let n = self.view()?.shape()[0];
+        if range.start > range.end || range.end > n {
+            return Err(shape_error(format!(
+                "{}: rows {range:?} outside 0..{n}",
+                self.name()
+            )));
+        }
+        let base = self.rows.as_ref().map_or(0, |r| r.start);
+        Ok(FileTensor {
+            file: Arc::clone(&self.file),
+            index: self.index,
+            rows: Some(base + range.start..base + range.end),
+        })
+    }
+
+    /// The file's header entry of the whole tensor (its dims ignore [`FileTensor::slice_rows`]).
     pub fn info(&self) -> &TensorInfo {
         &self.file.tensors()[self.index]
     }
@@ -312,15 +335,34 @@ impl FileTensor {
 
     /// A zero-copy view borrowing the mapping.
     pub fn view(&self) -> Result<Tensor<'_>, ModelError> {
-        Tensor::from_gguf(&self.file, self.info())
+        let t = Tensor::from_gguf(&self.file, self.info())?;
+        match &self.rows {
+            None => Ok(t),
+            Some(r) => t.rows(r.clone()),
+        }
     }
 
     /// Copies `buf.len()` bytes of the tensor's data from `offset` into `buf`, reading the
     /// file rather than the mapping (so repacking does not keep the mapped pages resident).
     pub fn read_bytes(&self, offset: usize, buf: &mut [u8]) -> Result<(), ModelError> {
+        let skip = match &self.rows {
+            None => 0,
+            Some(r) => {
+                let whole = Tensor::from_gguf(&self.file, self.info())?;
+                let end = (r.end - r.start) * whole.strides()[0];
+                if offset + buf.len() > end {
+                    return Err(shape_error(format!(
+                        "{}: read of {} bytes at {offset} past the {end}-byte row slice",
+                        self.name(),
+                        buf.len()
+                    )));
+                }
+                r.start * whole.strides()[0]
+            }
+        };
         Ok(self
             .file
-            .read_tensor_range(self.info(), offset as u64, buf)?)
+            .read_tensor_range(self.info(), (skip + offset) as u64, buf)?)
     }
 }
 

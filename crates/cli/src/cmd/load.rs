@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use damascus_gguf::{GgmlType, GgufFile};
-use damascus_model::config::{LlamaConfig, RopeScalingKind};
+use damascus_model::config::{ModelConfig, RopeScalingKind};
 use serde_json::{Value as Json, json};
 
 /// Flags of `damascus load`.
@@ -35,7 +35,7 @@ struct Summary {
     file_type: String,
     n_tensors: usize,
     n_params: u64,
-    config: LlamaConfig,
+    config: ModelConfig,
     seconds: f64,
 }
 
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn load(path: &Path) -> anyhow::Result<Summary> {
     let t0 = Instant::now();
     let file = GgufFile::open(path).with_context(|| path.display().to_string())?;
-    let config = LlamaConfig::from_gguf(&file).with_context(|| path.display().to_string())?;
+    let config = ModelConfig::from_gguf(&file).with_context(|| path.display().to_string())?;
     config
         .check_tensors(&file)
         .with_context(|| format!("{}: config ✗ inconsistent", path.display()))?;
@@ -137,7 +137,7 @@ fn print_text(s: &Summary) {
         "arch {} · {} layers · {} hidden",
         c.arch, c.n_layer, c.n_embd
     );
-    println!("ffn SwiGLU · {} · RMSNorm", c.n_ff);
+    println!("ffn {} · {} · RMSNorm", c.ffn_name(), c.n_ff);
     let attn = if c.n_head_kv == c.n_head {
         "MHA"
     } else if c.n_head_kv == 1 {
@@ -169,6 +169,10 @@ fn print_text(s: &Summary) {
         ));
     }
     println!("{rope}");
+    let features = c.features();
+    if !features.is_empty() {
+        println!("{} · {}", c.family.arch(), features.join(" · "));
+    }
     if c.has_rope_freqs {
         println!(
             "llama3 rope factors (rope_freqs.weight, {} entries)",
@@ -209,13 +213,17 @@ fn to_json(s: &Summary) -> Json {
         "has_rope_freqs": c.has_rope_freqs,
         "rms_eps": c.rms_eps,
         "tied_embeddings": c.tied_embeddings,
+        "ffn": c.ffn_name(),
+        "features": c.features(),
+        "sliding_window": c.sliding_window,
+        "final_logit_softcapping": c.final_logit_softcap,
         "load_seconds": s.seconds,
         "consistent": true,
     })
 }
 
 /// Compare with a Hugging Face `config.json`; returns one line per mismatch.
-fn compare_reference(c: &LlamaConfig, path: &Path) -> anyhow::Result<Vec<String>> {
+fn compare_reference(c: &ModelConfig, path: &Path) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let hf: Json = serde_json::from_str(&text)
@@ -281,7 +289,7 @@ fn compare_reference(c: &LlamaConfig, path: &Path) -> anyhow::Result<Vec<String>
     Ok(out)
 }
 
-fn compare_rope_scaling(c: &LlamaConfig, hf: Option<&Json>) -> Option<String> {
+fn compare_rope_scaling(c: &ModelConfig, hf: Option<&Json>) -> Option<String> {
     let file_desc = match (&c.rope_scaling, c.has_rope_freqs) {
         (_, true) => "llama3 (rope_freqs.weight)".to_string(),
         (Some(s), false) => format!("{} ×{}", s.kind.name(), s.factor),

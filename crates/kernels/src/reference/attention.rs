@@ -24,6 +24,21 @@ pub struct AttnShape {
 /// Query head `h` reads key/value head `h / (n_head / n_head_kv)`, and token `t` attends to
 /// positions `0..=pos0 + t` with scale `1 / sqrt(head_dim)`.
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], shape: AttnShape, pos0: usize, out: &mut [f32]) {
+    attention_window(q, k, v, shape, pos0, None, out);
+}
+
+/// [`attention`] with an optional sliding window: with `Some(w)`, token `t` attends to
+/// positions `max(0, pos0 + t + 1 - w)..=pos0 + t` only (the `w` most recent, itself
+/// included, as Hugging Face's `sliding_window`).
+pub fn attention_window(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: AttnShape,
+    pos0: usize,
+    window: Option<usize>,
+    out: &mut [f32],
+) {
     let AttnShape {
         n_head,
         n_head_kv,
@@ -55,18 +70,19 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], shape: AttnShape, pos0: usize,
     let mut scores = Vec::with_capacity(pos0 + n_tokens); // [n_visible] f32
     for t in 0..n_tokens {
         let n_visible = pos0 + t + 1;
+        let first = window.map_or(0, |w| n_visible.saturating_sub(w));
         for h in 0..n_head {
             let kvh = h / group;
             let qh = &q[t * q_width + h * head_dim..][..head_dim];
             scores.clear();
-            for p in 0..n_visible {
+            for p in first..n_visible {
                 let kp = &k[p * kv_width + kvh * head_dim..][..head_dim];
                 scores.push(dot(qh, kp) * scale);
             }
             softmax(&mut scores);
             let oh = &mut out[t * q_width + h * head_dim..][..head_dim];
             oh.fill(0.0);
-            for (p, &s) in scores.iter().enumerate() {
+            for (p, &s) in (first..).zip(&scores) {
                 let vp = &v[p * kv_width + kvh * head_dim..][..head_dim];
                 for (o, &vv) in oh.iter_mut().zip(vp) {
                     *o += s * vv;

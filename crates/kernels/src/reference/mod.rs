@@ -6,9 +6,11 @@
 //!
 //! * [`matmul`]: `y = x · Wᵀ` over any weight type, dequantizing one weight row at a time.
 //! * [`embed_rows`]: row lookup in a (possibly quantized) embedding table.
-//! * [`rms_norm`], [`softmax`], [`silu`], [`swiglu`], [`add`]: element-wise and row ops.
+//! * [`rms_norm`], [`softmax`], [`silu`], [`swiglu`], [`gelu_tanh`], [`geglu`], [`add`],
+//!   [`add_bias`], [`softcap`]: element-wise and row ops.
 //! * [`rope`]: rotary embeddings in both layouts ([`RopeLayout`]), with llama3 frequency scaling.
-//! * [`attention`]: causal grouped-query attention over a KV cache.
+//! * [`attention`], [`attention_window`]: causal grouped-query attention over a KV cache, with
+//!   an optional sliding window.
 //!
 //! Shape mismatches between arguments are caller bugs and panic with a message; problems with
 //! the data itself (an unsupported weight type, a short byte buffer) are returned as
@@ -21,9 +23,9 @@ mod rope;
 #[cfg(test)]
 mod tests;
 
-pub use attention::{AttnShape, attention};
+pub use attention::{AttnShape, attention, attention_window};
 pub use matmul::{WeightView, embed_rows, matmul};
-pub use ops::{add, rms_norm, silu, softmax, swiglu};
+pub use ops::{add, add_bias, geglu, gelu_tanh, rms_norm, silu, softcap, softmax, swiglu};
 pub use rope::{RopeLayout, RopeScalingLlama3, llama3_freq_factors, rope, rope_inv_freq};
 
 /// Errors of the reference kernels: problems with the weight data, never with shapes.

@@ -1,4 +1,5 @@
-//! Row-wise and element-wise ops: RMSNorm, softmax, SiLU, SwiGLU, residual add.
+//! Row-wise and element-wise ops: RMSNorm, softmax, SiLU, SwiGLU, GELU (tanh), GeGLU, residual
+//! and bias adds, scaling, soft-capping.
 
 /// RMSNorm of every row, scaled by a learned weight:
 /// `y[t, i] = x[t, i] / sqrt(mean(x[t]²) + eps) * w[i]`.
@@ -65,5 +66,45 @@ pub fn add(x: &mut [f32], y: &[f32]) {
     assert_eq!(x.len(), y.len(), "add: operands differ in length");
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`):
+/// `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// GeGLU, in place on the gate: `gate[i] = gelu_tanh(gate[i]) * up[i]`.
+///
+/// * `gate`: `[n_tokens, n_ff]` f32 (overwritten with the result)
+/// * `up`: `[n_tokens, n_ff]` f32
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "geglu: gate and up differ in length");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// Bias add on every row, in place: `x[t, i] += b[i]`.
+///
+/// * `x`: `[n_tokens, n]` f32
+/// * `b`: `[n]` f32
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    let n = b.len();
+    assert!(
+        n > 0 && x.len().is_multiple_of(n),
+        "add_bias: x is not [n_tokens, {n}]"
+    );
+    for row in x.chunks_exact_mut(n) {
+        add(row, b);
+    }
+}
+
+/// Soft-capping, in place: `x[i] = cap · tanh(x[i] / cap)`.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
     }
 }

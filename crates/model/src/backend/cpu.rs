@@ -41,8 +41,9 @@ use damascus_quant::dequantize_row;
 
 use super::profile::{OpProfile, weight_class};
 use super::reference::{HostAct, check_len, host_ops};
-use super::{Backend, KvCacheType, KvShape, RopeParams};
+use super::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
+use crate::family::Activation;
 use crate::tensor::FileTensor;
 
 /// Tokens per prefill tile: each weight row is read once per tile.
@@ -259,7 +260,7 @@ fn attn_heads_f32(
     group: usize,
     hd: usize,
     n_ctx: usize,
-    n_visible: usize,
+    visible: Range<usize>,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
@@ -269,12 +270,14 @@ fn attn_heads_f32(
         let qh = &q[h * hd..(h + 1) * hd];
         scores.clear();
         scores.extend(
-            (0..n_visible).map(|p| dot_f32(qh, &kc[base + p * hd..base + (p + 1) * hd]) * scale),
+            visible
+                .clone()
+                .map(|p| dot_f32(qh, &kc[base + p * hd..base + (p + 1) * hd]) * scale),
         );
         k::softmax(scores);
         let oh = &mut out[i * hd..(i + 1) * hd];
         oh.fill(0.0);
-        for (p, &w) in scores.iter().enumerate() {
+        for (p, &w) in visible.clone().zip(scores.iter()) {
             let vp = &vc[base + p * hd..base + (p + 1) * hd];
             for (o, &x) in oh.iter_mut().zip(vp) {
                 *o += w * x;
@@ -995,7 +998,7 @@ impl CpuBackend {
         &self,
         kc: &[f32],
         vc: &[f32],
-        shape: AttnShape,
+        attn: AttnSpec,
         n_ctx: usize,
         pos0: usize,
         q: &HostAct,
@@ -1005,7 +1008,7 @@ impl CpuBackend {
             n_head,
             n_head_kv,
             head_dim: hd,
-        } = shape;
+        } = attn.shape;
         if n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(ModelError::Tensor {
                 what: format!("attention: {n_head} heads are not a multiple of {n_head_kv}"),
@@ -1027,7 +1030,7 @@ impl CpuBackend {
                     group,
                     hd,
                     n_ctx,
-                    pos0 + 1,
+                    attn.first_visible(pos0)..pos0 + 1,
                     &mut o,
                     &mut scores,
                 );
@@ -1047,7 +1050,7 @@ impl CpuBackend {
                     group,
                     hd,
                     n_ctx,
-                    pos0 + tok + 1,
+                    attn.first_visible(pos0 + tok)..pos0 + tok + 1,
                     &mut o,
                     &mut scores,
                 );
@@ -1259,10 +1262,61 @@ impl Backend for CpuBackend {
         x: &HostAct,
         w_gate: &CpuMatrix,
         w_up: &CpuMatrix,
+        act: Activation,
         gate: &mut HostAct,
         up: &mut HostAct,
     ) -> Result<(), ModelError> {
-        self.matmuls(&[w_gate, w_up], x, &mut [gate, up], true)
+        match act {
+            Activation::Silu => self.matmuls(&[w_gate, w_up], x, &mut [gate, up], true),
+            Activation::GeluTanh => {
+                self.matmuls(&[w_gate, w_up], x, &mut [gate, up], false)?;
+                self.geglu(gate, up)
+            }
+        }
+    }
+
+    fn geglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
+        self.timed(
+            || "geglu".into(),
+            || {
+                check_len("geglu", "up", up.data.len(), gate.data.len())?;
+                let width = gate.width;
+                self.par_rows(&mut gate.data, width, &|r, chunk| {
+                    damascus_kernels::elementwise::geglu(
+                        chunk,
+                        &up.data[r.start * width..r.end * width],
+                    );
+                });
+                Ok(())
+            },
+        )
+    }
+
+    fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) -> Result<(), ModelError> {
+        self.timed(|| "bias".into(), || host_ops::add_bias(x, b))
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut HostAct,
+        w: &Vec<f32>,
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        self.timed(
+            || "qk_norm".into(),
+            || host_ops::rms_norm_heads(x, w, eps, head_dim),
+        )
+    }
+
+    fn scale(&self, x: &mut HostAct, s: f32) -> Result<(), ModelError> {
+        host_ops::scale(x, s);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut HostAct, cap: f32) -> Result<(), ModelError> {
+        host_ops::softcap(x, cap);
+        Ok(())
     }
 
     fn rope(
@@ -1296,7 +1350,7 @@ impl Backend for CpuBackend {
         &self,
         cache: &mut CpuKvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         q: &HostAct,
         kk: &HostAct,
@@ -1304,6 +1358,7 @@ impl Backend for CpuBackend {
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
         self.timed(|| "attention".into(), || {
+            let shape = attn.shape;
             let n_tokens = q.n_tokens;
             let KvShape {
                 n_ctx,
@@ -1343,7 +1398,7 @@ impl Backend for CpuBackend {
                     append_kv(kc, vc, &kk.data, &v.data, n_head_kv, hd, n_ctx, pos0, |s, d| {
                         d.copy_from_slice(s)
                     });
-                    return self.attention_f32(kc, vc, shape, n_ctx, pos0, q, out);
+                    return self.attention_f32(kc, vc, attn, n_ctx, pos0, q, out);
                 }
             };
             let (kc, vc) = match (kc, vc) {
@@ -1369,20 +1424,22 @@ impl Backend for CpuBackend {
             };
             let (kc, vc) = (&kc[..], &vc[..]);
             let q_width = q.width;
+            // A sliding window hides positions before `first`: in the head-major cache, the
+            // slices from row `first` on are a cache of `n_kv - first` positions with the same
+            // stride, so the kernels read only the window.
+            let windowed = |pos: usize| {
+                let first = attn.first_visible(pos);
+                (&kc[first * hd..], &vc[first * hd..], pos + 1 - first)
+            };
             if n_tokens == 1 {
-                return attn_decode_f16(
-                    &q.data,
-                    kc,
-                    vc,
-                    dshape,
-                    pos0 + 1,
-                    &mut out.data,
-                    Some(&self.pool),
-                )
-                .map_err(|e| kernel_err("attention", e));
+                let (kw, vw, n_kv) = windowed(pos0);
+                return attn_decode_f16(&q.data, kw, vw, dshape, n_kv, &mut out.data, Some(&self.pool))
+                    .map_err(|e| kernel_err("attention", e));
             }
+            let clipped = attn.clips(pos0 + n_tokens - 1);
             #[cfg(target_arch = "x86_64")]
-            if self.attn_amx
+            if !clipped
+                && self.attn_amx
                 && n_tokens >= damascus_kernels::attn_amx::MIN_TOKENS
                 && damascus_kernels::attn_amx::is_available(hd)
             {
@@ -1399,7 +1456,7 @@ impl Backend for CpuBackend {
                 )
                 .map_err(|e| kernel_err("attention", e));
             }
-            if attn_prefill::supports_head_dim(hd) {
+            if !clipped && attn_prefill::supports_head_dim(hd) {
                 // A prompt: flash-style tiles (one KV head × a block of query tokens per unit).
                 return attn_prefill::attn_prefill_f16(
                     &q.data,
@@ -1412,14 +1469,16 @@ impl Backend for CpuBackend {
                 )
                 .map_err(|e| kernel_err("attention", e));
             }
-            // Other head sizes: tokens dealt round-robin (later ones see more positions).
+            // Other head sizes, and prompts a sliding window clips: tokens dealt round-robin
+            // (later ones see more positions).
             let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
             let err = FirstError::default();
             self.pool.run(&|t, nt| {
                 for tok in (t..n_tokens).step_by(nt) {
                     let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
                     let qr = &q.data[tok * q_width..(tok + 1) * q_width];
-                    if let Err(e) = attn_decode_f16(qr, kc, vc, dshape, pos0 + tok + 1, &mut o, None) {
+                    let (kw, vw, n_kv) = windowed(pos0 + tok);
+                    if let Err(e) = attn_decode_f16(qr, kw, vw, dshape, n_kv, &mut o, None) {
                         err.set(kernel_err("attention", e));
                         return;
                     }

@@ -21,8 +21,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use damascus_cuda::{DevAct, DevKv, DevMatrix, DevVec, Gpu};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 
-use crate::backend::{Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams, unsupported};
 use crate::error::ModelError;
+use crate::family::Activation;
 use crate::tensor::FileTensor;
 
 /// The model on one CUDA device.
@@ -189,14 +190,17 @@ impl Backend for CudaBackend {
         &self,
         cache: &mut CudaKvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         q: &DevAct,
         k: &DevAct,
         v: &DevAct,
         out: &mut DevAct,
     ) -> Result<(), ModelError> {
-        let kv = self.kv(cache, shape)?;
+        if attn.clips(pos0 + q.n.max(1) - 1) {
+            return Err(unsupported(self.name(), "sliding-window attention"));
+        }
+        let kv = self.kv(cache, attn.shape)?;
         Ok(self.gpu.attention(kv, layer, pos0, q, k, v, out)?)
     }
 
@@ -204,7 +208,7 @@ impl Backend for CudaBackend {
         &self,
         cache: &mut CudaKvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         rope: &RopeParams,
         q: &mut DevAct,
@@ -212,6 +216,10 @@ impl Backend for CudaBackend {
         v: &DevAct,
         out: &mut DevAct,
     ) -> Result<(), ModelError> {
+        if attn.clips(pos0 + q.n.max(1) - 1) {
+            return Err(unsupported(self.name(), "sliding-window attention"));
+        }
+        let shape = attn.shape;
         let inv = self.inv_freq(rope)?;
         let neox = rope.layout == RopeLayout::Neox;
         let kv = self.kv(cache, shape)?;
@@ -248,11 +256,15 @@ impl Backend for CudaBackend {
         x: &DevAct,
         w_gate: &DevMatrix,
         w_up: &DevMatrix,
+        act: Activation,
         gate: &mut DevAct,
         up: &mut DevAct,
     ) -> Result<(), ModelError> {
         self.gpu.matmuls(x, &[(w_gate, gate), (w_up, up)], false)?;
-        Ok(self.gpu.swiglu(gate, up)?)
+        match act {
+            Activation::Silu => Ok(self.gpu.swiglu(gate, up)?),
+            Activation::GeluTanh => self.geglu(gate, up),
+        }
     }
 
     fn swiglu(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), ModelError> {

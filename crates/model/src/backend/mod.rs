@@ -26,7 +26,48 @@ pub mod split;
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 
 use crate::error::ModelError;
+use crate::family::Activation;
 use crate::tensor::FileTensor;
+
+/// One layer's attention: the head geometry and, for a sliding-window layer, how many
+/// positions each query sees (itself included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnSpec {
+    /// Query/KV heads and head size.
+    pub shape: AttnShape,
+    /// `Some(w)`: token at position `p` attends to positions `p + 1 - w ..= p` only.
+    pub window: Option<usize>,
+}
+
+impl AttnSpec {
+    /// Full causal attention (no window).
+    pub fn causal(shape: AttnShape) -> AttnSpec {
+        AttnSpec {
+            shape,
+            window: None,
+        }
+    }
+
+    /// The first position a query at `pos` sees.
+    pub fn first_visible(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Whether the window hides any position from a query at `pos` or earlier.
+    pub fn clips(&self, pos: usize) -> bool {
+        self.first_visible(pos) > 0
+    }
+}
+
+/// The error of an op a backend does not implement (yet).
+pub fn unsupported(backend: &str, op: &str) -> ModelError {
+    ModelError::Tensor {
+        what: format!("{op} is not implemented on the {backend} backend"),
+    }
+}
 
 /// Geometry of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,13 +192,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Writes `k`, `v` (`[n_tokens, n_head_kv, head_dim]`) into `layer`'s cache at positions
     /// `pos0..pos0 + n_tokens`, then computes causal GQA attention of `q`
-    /// (`[n_tokens, n_head, head_dim]`) over positions `0..=pos0 + t` into `out`.
+    /// (`[n_tokens, n_head, head_dim]`) over positions `attn.first_visible(pos0 + t)..=pos0 + t`
+    /// into `out`, scores scaled by `1/sqrt(head_dim)`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         cache: &mut Self::KvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         q: &Self::Act,
         k: &Self::Act,
@@ -167,6 +209,43 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// `gate = silu(gate) * up`, both `[n_tokens, n_ff]`.
     fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), ModelError>;
+
+    /// `gate = gelu_tanh(gate) * up`, both `[n_tokens, n_ff]` (GeGLU).
+    fn geglu(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), ModelError> {
+        let _ = (gate, up);
+        Err(unsupported(self.name(), "geglu"))
+    }
+
+    /// `x[t] += b` for every row: `x` `[n_tokens, n]`, `b` `[n]` (a projection's bias).
+    fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), ModelError> {
+        let _ = (x, b);
+        Err(unsupported(self.name(), "add_bias"))
+    }
+
+    /// RMSNorm of every head in place: `x` `[n_tokens, n_heads, head_dim]`, `w` `[head_dim]`
+    /// (Qwen 3 / Gemma 3 Q/K norms).
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        let _ = (x, w, eps, head_dim);
+        Err(unsupported(self.name(), "rms_norm_heads"))
+    }
+
+    /// `x *= s` element-wise.
+    fn scale(&self, x: &mut Self::Act, s: f32) -> Result<(), ModelError> {
+        let _ = (x, s);
+        Err(unsupported(self.name(), "scale"))
+    }
+
+    /// `x = cap · tanh(x / cap)` element-wise (final-logit soft-capping).
+    fn softcap(&self, x: &mut Self::Act, cap: f32) -> Result<(), ModelError> {
+        let _ = (x, cap);
+        Err(unsupported(self.name(), "softcap"))
+    }
 
     /// `x += y`, both `[n_tokens, n]`.
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<(), ModelError>;
@@ -235,7 +314,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         &self,
         cache: &mut Self::KvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         rope: &RopeParams,
         q: &mut Self::Act,
@@ -243,24 +322,29 @@ pub trait Backend: Send + Sync + Sized + 'static {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<(), ModelError> {
-        self.rope(q, shape.n_head, pos0, rope)?;
-        self.rope(k, shape.n_head_kv, pos0, rope)?;
-        self.attention(cache, layer, shape, pos0, q, k, v, out)
+        self.rope(q, attn.shape.n_head, pos0, rope)?;
+        self.rope(k, attn.shape.n_head_kv, pos0, rope)?;
+        self.attention(cache, layer, attn, pos0, q, k, v, out)
     }
 
-    /// `gate = silu(x · W_gateᵀ) * (x · W_upᵀ)`, the first half of the SwiGLU FFN; `up` is
-    /// scratch. Default: two matmuls and [`Backend::swiglu`].
+    /// `gate = act(x · W_gateᵀ) * (x · W_upᵀ)`, the first half of the gated FFN; `up` is
+    /// scratch. Default: two matmuls and [`Backend::swiglu`] or [`Backend::geglu`].
+    #[allow(clippy::too_many_arguments)]
     fn ffn_gate_up(
         &self,
         x: &Self::Act,
         w_gate: &Self::Matrix,
         w_up: &Self::Matrix,
+        act: Activation,
         gate: &mut Self::Act,
         up: &mut Self::Act,
     ) -> Result<(), ModelError> {
         self.matmul(w_gate, x, gate)?;
         self.matmul(w_up, x, up)?;
-        self.swiglu(gate, up)
+        match act {
+            Activation::Silu => self.swiglu(gate, up),
+            Activation::GeluTanh => self.geglu(gate, up),
+        }
     }
 }
 

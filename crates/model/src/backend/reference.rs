@@ -4,9 +4,8 @@
 
 use damascus_kernels::quantdot::{f16_to_f32, f32_to_f16};
 use damascus_kernels::reference as k;
-use damascus_kernels::reference::AttnShape;
 
-use super::{Backend, KvCacheType, KvShape, RopeParams};
+use super::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
 
@@ -118,6 +117,44 @@ pub(super) mod host_ops {
         x.data.copy_from_slice(data);
         Ok(())
     }
+
+    /// `x[t] += b` — x [n_tokens, width], b [width].
+    pub fn add_bias(x: &mut HostAct, b: &[f32]) -> Result<(), ModelError> {
+        check_len("add_bias", "bias", b.len(), x.width)?;
+        k::add_bias(&mut x.data, b);
+        Ok(())
+    }
+
+    /// Per-head RMSNorm in place — x [n_tokens, n_heads * head_dim], w [head_dim].
+    pub fn rms_norm_heads(
+        x: &mut HostAct,
+        w: &[f32],
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        check_len("rms_norm_heads", "weight", w.len(), head_dim)?;
+        if head_dim == 0 || !x.width.is_multiple_of(head_dim) {
+            return Err(ModelError::Tensor {
+                what: format!(
+                    "rms_norm_heads: row of {} is not whole heads of {head_dim}",
+                    x.width
+                ),
+            });
+        }
+        let input = x.data.clone();
+        k::rms_norm(&input, w, eps, &mut x.data);
+        Ok(())
+    }
+
+    /// `x *= s`.
+    pub fn scale(x: &mut HostAct, s: f32) {
+        x.data.iter_mut().for_each(|v| *v *= s);
+    }
+
+    /// `x = cap · tanh(x / cap)`.
+    pub fn softcap(x: &mut HostAct, cap: f32) {
+        k::softcap(&mut x.data, cap);
+    }
 }
 
 impl Backend for ReferenceBackend {
@@ -203,7 +240,7 @@ impl Backend for ReferenceBackend {
         &self,
         cache: &mut HostKvCache,
         layer: usize,
-        shape: AttnShape,
+        attn: AttnSpec,
         pos0: usize,
         q: &HostAct,
         kk: &HostAct,
@@ -211,6 +248,7 @@ impl Backend for ReferenceBackend {
         out: &mut HostAct,
     ) -> Result<(), ModelError> {
         let n_tokens = q.n_tokens;
+        let shape = attn.shape;
         let kv_width = cache.shape.n_head_kv * cache.shape.head_dim;
         if pos0 + n_tokens > cache.shape.n_ctx {
             return Err(ModelError::ContextFull {
@@ -239,12 +277,13 @@ impl Backend for ReferenceBackend {
             }
         }
         let valid = (pos0 + n_tokens) * kv_width;
-        k::attention(
+        k::attention_window(
             &q.data,
             &kc[..valid],
             &vc[..valid],
             shape,
             pos0,
+            attn.window,
             &mut out.data,
         );
         Ok(())
@@ -252,6 +291,36 @@ impl Backend for ReferenceBackend {
 
     fn swiglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
         host_ops::swiglu(gate, up)
+    }
+
+    fn geglu(&self, gate: &mut HostAct, up: &HostAct) -> Result<(), ModelError> {
+        check_len("geglu", "up", up.data.len(), gate.data.len())?;
+        k::geglu(&mut gate.data, &up.data);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut HostAct, b: &Vec<f32>) -> Result<(), ModelError> {
+        host_ops::add_bias(x, b)
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut HostAct,
+        w: &Vec<f32>,
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        host_ops::rms_norm_heads(x, w, eps, head_dim)
+    }
+
+    fn scale(&self, x: &mut HostAct, s: f32) -> Result<(), ModelError> {
+        host_ops::scale(x, s);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut HostAct, cap: f32) -> Result<(), ModelError> {
+        host_ops::softcap(x, cap);
+        Ok(())
     }
 
     fn add(&self, x: &mut HostAct, y: &HostAct) -> Result<(), ModelError> {

@@ -16,10 +16,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use damascus_kernels::reference::AttnShape;
-
-use crate::backend::{Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
+use crate::family::Activation;
 use crate::tensor::FileTensor;
 
 /// Which side a weight, an op or a copy belongs to.
@@ -163,6 +162,13 @@ impl<A: Backend, B: Backend> Split<A, B> {
         }
     }
 
+    fn vector_side(v: &SplitVector<A, B>) -> Side {
+        match v {
+            SplitVector::A(_) => Side::A,
+            SplitVector::B(_) => Side::B,
+        }
+    }
+
     fn mismatch(what: &str) -> ModelError {
         ModelError::Tensor {
             what: format!("split backend: {what} are on different sides"),
@@ -273,10 +279,7 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         eps: f32,
         out: &mut Self::Act,
     ) -> Result<(), ModelError> {
-        let side = match w {
-            SplitVector::A(_) => Side::A,
-            SplitVector::B(_) => Side::B,
-        };
+        let side = Self::vector_side(w);
         self.ensure(x, side)?;
         match w {
             SplitVector::A(w) => self.a.rms_norm(&lock(&x.a), w, eps, own(&mut out.a))?,
@@ -322,7 +325,7 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         &self,
         cache: &mut Self::KvCache,
         layer: usize,
-        shape: AttnShape,
+        shape: AttnSpec,
         pos0: usize,
         q: &Self::Act,
         k: &Self::Act,
@@ -371,6 +374,65 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
             Side::B => self.b.swiglu(own(&mut gate.b), &lock(&up.b))?,
         }
         Self::wrote(gate, side);
+        Ok(())
+    }
+
+    fn geglu(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), ModelError> {
+        let side = Self::side_of_act(gate);
+        self.ensure(up, side)?;
+        match side {
+            Side::A => self.a.geglu(own(&mut gate.a), &lock(&up.a))?,
+            Side::B => self.b.geglu(own(&mut gate.b), &lock(&up.b))?,
+        }
+        Self::wrote(gate, side);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<(), ModelError> {
+        let side = Self::vector_side(b);
+        self.ensure(x, side)?;
+        match b {
+            SplitVector::A(b) => self.a.add_bias(own(&mut x.a), b)?,
+            SplitVector::B(b) => self.b.add_bias(own(&mut x.b), b)?,
+        }
+        Self::wrote(x, side);
+        Ok(())
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        let side = Self::vector_side(w);
+        self.ensure(x, side)?;
+        match w {
+            SplitVector::A(w) => self.a.rms_norm_heads(own(&mut x.a), w, eps, head_dim)?,
+            SplitVector::B(w) => self.b.rms_norm_heads(own(&mut x.b), w, eps, head_dim)?,
+        }
+        Self::wrote(x, side);
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Self::Act, s: f32) -> Result<(), ModelError> {
+        let side = Self::side_of_act(x);
+        match side {
+            Side::A => self.a.scale(own(&mut x.a), s)?,
+            Side::B => self.b.scale(own(&mut x.b), s)?,
+        }
+        Self::wrote(x, side);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Self::Act, cap: f32) -> Result<(), ModelError> {
+        let side = Self::side_of_act(x);
+        match side {
+            Side::A => self.a.softcap(own(&mut x.a), cap)?,
+            Side::B => self.b.softcap(own(&mut x.b), cap)?,
+        }
+        Self::wrote(x, side);
         Ok(())
     }
 
@@ -453,6 +515,7 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         x: &Self::Act,
         w_gate: &Self::Matrix,
         w_up: &Self::Matrix,
+        act: Activation,
         gate: &mut Self::Act,
         up: &mut Self::Act,
     ) -> Result<(), ModelError> {
@@ -461,11 +524,11 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         match (w_gate, w_up) {
             (SplitMatrix::A(wg), SplitMatrix::A(wu)) => {
                 self.a
-                    .ffn_gate_up(&lock(&x.a), wg, wu, own(&mut gate.a), own(&mut up.a))?
+                    .ffn_gate_up(&lock(&x.a), wg, wu, act, own(&mut gate.a), own(&mut up.a))?
             }
             (SplitMatrix::B(wg), SplitMatrix::B(wu)) => {
                 self.b
-                    .ffn_gate_up(&lock(&x.b), wg, wu, own(&mut gate.b), own(&mut up.b))?
+                    .ffn_gate_up(&lock(&x.b), wg, wu, act, own(&mut gate.b), own(&mut up.b))?
             }
             _ => return Err(Self::mismatch("gate and up")),
         }
@@ -504,7 +567,7 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         &self,
         cache: &mut Self::KvCache,
         layer: usize,
-        shape: AttnShape,
+        shape: AttnSpec,
         pos0: usize,
         rope: &RopeParams,
         q: &mut Self::Act,
