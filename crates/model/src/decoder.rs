@@ -505,7 +505,10 @@ impl<B: Backend> Decoder<B> {
         let out = result.and_then(|()| match want {
             Want::Logits => {
                 let all = self.backend.read(&s.logits)?;
-                Ok(all.chunks_exact(n_vocab).map(|r| Output::Logits(r.to_vec())).collect())
+                Ok(all
+                    .chunks_exact(n_vocab)
+                    .map(|r| Output::Logits(r.to_vec()))
+                    .collect())
             }
             Want::Argmax => {
                 let ids = self.backend.argmax(&s.logits, n_vocab)?;
@@ -587,7 +590,15 @@ impl<B: Backend> Decoder<B> {
                     window,
                 };
                 b.attention_batch(
-                    kv, l, attn, rope, batch, &mut s.q, &mut s.k, &s.v, &mut s.attn,
+                    kv,
+                    l,
+                    attn,
+                    rope,
+                    batch,
+                    &mut s.q,
+                    &mut s.k,
+                    &s.v,
+                    &mut s.attn,
                 )?;
                 let post = lw.attn_post_norm.as_ref();
                 s.residual(b, p.rms_eps, &lw.wo, ResidualInput::Attn, post)?;

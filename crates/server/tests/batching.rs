@@ -82,7 +82,10 @@ fn wait_blocks_free(addr: SocketAddr) -> String {
         if metric(&m, "kv_blocks_used") == 0.0 {
             return m;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "blocks not freed: {m}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "blocks not freed: {m}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -146,7 +149,10 @@ fn sixteen_concurrent_greedy_requests_give_their_alone_replies() {
     let ps = prompts();
     // A sample of them alone (with and without the shared prefix, short and long).
     let sample = [0usize, 1, 5, 10, 14];
-    let alone: Vec<String> = sample.iter().map(|&i| complete(addr, &ps[i], 10, false)).collect();
+    let alone: Vec<String> = sample
+        .iter()
+        .map(|&i| complete(addr, &ps[i], 10, false))
+        .collect();
     let threads: Vec<_> = ps
         .iter()
         .cloned()

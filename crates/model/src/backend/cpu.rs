@@ -1529,7 +1529,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn copy_rows(&self, src: &HostAct, rows: &[usize], dst: &mut HostAct) -> Result<(), ModelError> {
+    fn copy_rows(
+        &self,
+        src: &HostAct,
+        rows: &[usize],
+        dst: &mut HostAct,
+    ) -> Result<(), ModelError> {
         host_ops::copy_rows(src, rows, dst)
     }
 

@@ -349,7 +349,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Copies rows `rows` of `src` `[n_tokens, n]` into `dst` `[rows.len(), n]`. Default: one
     /// row through [`Backend::copy_row`].
-    fn copy_rows(&self, src: &Self::Act, rows: &[usize], dst: &mut Self::Act) -> Result<(), ModelError> {
+    fn copy_rows(
+        &self,
+        src: &Self::Act,
+        rows: &[usize],
+        dst: &mut Self::Act,
+    ) -> Result<(), ModelError> {
         match rows {
             [r] => self.copy_row(src, *r, dst),
             _ => Err(ModelError::Tensor {

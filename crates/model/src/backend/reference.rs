@@ -348,7 +348,12 @@ impl Backend for ReferenceBackend {
         host_ops::copy_row(src, row, dst)
     }
 
-    fn copy_rows(&self, src: &HostAct, rows: &[usize], dst: &mut HostAct) -> Result<(), ModelError> {
+    fn copy_rows(
+        &self,
+        src: &HostAct,
+        rows: &[usize],
+        dst: &mut HostAct,
+    ) -> Result<(), ModelError> {
         host_ops::copy_rows(src, rows, dst)
     }
 

@@ -501,7 +501,12 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         Ok(())
     }
 
-    fn copy_rows(&self, src: &Self::Act, rows: &[usize], dst: &mut Self::Act) -> Result<(), ModelError> {
+    fn copy_rows(
+        &self,
+        src: &Self::Act,
+        rows: &[usize],
+        dst: &mut Self::Act,
+    ) -> Result<(), ModelError> {
         let side = Self::side_of_act(src);
         match side {
             Side::A => self.a.copy_rows(&lock(&src.a), rows, own(&mut dst.a))?,

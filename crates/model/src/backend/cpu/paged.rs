@@ -77,8 +77,22 @@ impl CpuBackend {
         for s in batch.seqs {
             for (t, row) in s.rows.clone().enumerate() {
                 let p = s.pos0 + t;
-                k::rope(&mut q.data[row * q_width..][..q_width], shape.n_head, hd, p, &rope.inv_freq, rope.layout);
-                k::rope(&mut kk.data[row * kv_width..][..kv_width], n_head_kv, hd, p, &rope.inv_freq, rope.layout);
+                k::rope(
+                    &mut q.data[row * q_width..][..q_width],
+                    shape.n_head,
+                    hd,
+                    p,
+                    &rope.inv_freq,
+                    rope.layout,
+                );
+                k::rope(
+                    &mut kk.data[row * kv_width..][..kv_width],
+                    n_head_kv,
+                    hd,
+                    p,
+                    &rope.inv_freq,
+                    rope.layout,
+                );
             }
         }
         let slot = |table: &[u32], p: usize| table[p / bs] as usize * bs + p % bs;
@@ -98,8 +112,14 @@ impl CpuBackend {
                         for h in 0..n_head_kv {
                             let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
                             let dst = (h * n_slots + sl) * hd;
-                            damascus_kernels::elementwise::f32_to_f16_slice(&kk.data[src.clone()], &mut kc[dst..dst + hd]);
-                            damascus_kernels::elementwise::f32_to_f16_slice(&v.data[src], &mut vc[dst..dst + hd]);
+                            damascus_kernels::elementwise::f32_to_f16_slice(
+                                &kk.data[src.clone()],
+                                &mut kc[dst..dst + hd],
+                            );
+                            damascus_kernels::elementwise::f32_to_f16_slice(
+                                &v.data[src],
+                                &mut vc[dst..dst + hd],
+                            );
                         }
                     }
                 }
@@ -122,8 +142,16 @@ impl CpuBackend {
                     n_slots,
                     block_size: bs,
                 };
-                attn_paged_f16(&queries, &q.data, kc, vc, pshape, &mut out.data, Some(&self.pool))
-                    .map_err(|e| kernel_err("attention", e))
+                attn_paged_f16(
+                    &queries,
+                    &q.data,
+                    kc,
+                    vc,
+                    pshape,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e))
             }
             KvStore::F32 { k: ks, v: vs } => {
                 let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {

@@ -89,7 +89,15 @@ pub(super) fn attention_batch(
         let qr = &q.data[s.rows.start * q_width..s.rows.end * q_width];
         if s.table.iter().enumerate().all(|(i, &b)| b as usize == i) {
             let valid = end * kv_width;
-            k::attention_window(qr, &kc[..valid], &vc[..valid], shape, s.pos0, attn.window, o);
+            k::attention_window(
+                qr,
+                &kc[..valid],
+                &vc[..valid],
+                shape,
+                s.pos0,
+                attn.window,
+                o,
+            );
         } else {
             kg.clear();
             vg.clear();
