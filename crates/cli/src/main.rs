@@ -27,10 +27,14 @@ enum Command {
     Load(cmd::load::Args),
     /// Print CPU/GPU features and the kernel path Damascus would pick.
     DeviceInfo(cmd::device_info::Args),
-    /// Fetch the default model (or a URL) into the cache.
+    /// Fetch the default model (or a known model by name, or a URL) into the cache.
     Pull(cmd::pull::Args),
+    /// List the cached models (or with --known, the models known by name).
+    List(cmd::list::Args),
     /// Tokenize text and print ids and pieces.
     Tokenize(cmd::tokenize::Args),
+    /// Sentence embeddings of texts (pooled final hidden states, L2-normalised).
+    Embed(cmd::embed::Args),
     /// Turn token ids back into text.
     Detokenize(cmd::tokenize::DetokenizeArgs),
     /// Render the model's chat template for a list of messages.
@@ -68,7 +72,9 @@ fn main() -> ExitCode {
             Command::Load(a) => cmd::load::run(a),
             Command::DeviceInfo(a) => cmd::device_info::run(a),
             Command::Pull(a) => cmd::pull::run(a),
+            Command::List(a) => cmd::list::run(a),
             Command::Tokenize(a) => cmd::tokenize::run(a),
+            Command::Embed(a) => cmd::embed::run(a),
             Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
             Command::Template(a) => cmd::template::run(a),
             Command::Quantize(a) => cmd::quantize::run(a),

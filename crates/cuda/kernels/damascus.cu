@@ -95,8 +95,10 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
-// 0). Grid (ceil(width / blockDim.x), n_tok): every block sums the squares of its token's whole
-// row (L2-resident, strided by blockDim.x), then each warp scales one 32-element chunk.
+// 0). Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
+// (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
+// (chunk b goes to block (b / warps) % blocks). Decode spreads one token over several blocks;
+// a prompt gives each token one block (no row read more than twice).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
                                     i8* q, float2* ds, int width, int do_q) {
     __shared__ float red[32];
@@ -115,12 +117,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
     }
     __syncthreads();
     float scale = 1.0f / sqrtf(red[0] / (float)width + eps);
-    int b = blockIdx.x * nw + warp;
-    if (b * 32 >= width) return;
-    int i = b * 32 + lane;
-    float v = i < width ? xr[i] * scale * w[i] : 0.0f;
-    if (i < width) out[(u64)t * width + i] = v;
-    if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+    for (int b = blockIdx.x * nw + warp; b * 32 < width; b += gridDim.x * nw) {
+        int i = b * 32 + lane;
+        float v = i < width ? xr[i] * scale * w[i] : 0.0f;
+        if (i < width) out[(u64)t * width + i] = v;
+        if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+    }
 }
 
 // gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp
@@ -134,6 +136,52 @@ extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* d
     float v = g / (1.0f + expf(-g)) * up[i];
     gate[i] = v;
     if (do_q) q8_block(v, q + b * 32, ds + b);
+}
+
+// gate = gelu_tanh(gate) * up over n elements (GeGLU); also the q8 shadow of gate (n % 32 ==
+// 0). One warp per 32-block.
+extern "C" __global__ void geglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
+                                 int do_q) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    int i = b * 32 + (threadIdx.x & 31);
+    float g = gate[i];
+    float v = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    gate[i] = v;
+    if (do_q) q8_block(v, q + b * 32, ds + b);
+}
+
+// x[t, i] += b[i]: x [n / width, width].
+extern "C" __global__ void add_bias(float* x, const float* b, int width, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % width];
+}
+
+// RMSNorm of every row in place: x [n_rows, head_dim] (rows = tokens x heads), w [head_dim].
+// One warp per row.
+extern "C" __global__ void rms_norm_heads(float* x, const float* w, float eps, int n_rows,
+                                          int head_dim) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n_rows) return;
+    int lane = threadIdx.x & 31;
+    float* xr = x + (u64)row * head_dim;
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    float scale = 1.0f / sqrtf(ss / (float)head_dim + eps);
+    for (int i = lane; i < head_dim; i += 32) xr[i] = xr[i] * scale * w[i];
+}
+
+// x *= s over n elements.
+extern "C" __global__ void scale_act(float* x, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+// x = cap * tanh(x / cap) over n elements (logit soft-capping).
+extern "C" __global__ void softcap(float* x, float cap, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // x += y over n elements.
@@ -568,13 +616,19 @@ INSTANTIATE(q6k, FMT_Q6K)
 INSTANTIATE(f16, FMT_F16)
 
 // ---------------------------------------------------------------------------------------
-// Attention over the f16 head-major cache. Scores are scaled by `scale` (1/sqrt(head_dim)).
-// A query head h reads KV head h / group.
+// Attention over the f16 head-major cache. Scores are scaled by `scale` (1/sqrt(head_dim)
+// unless the model overrides it). A query head h reads KV head h / group. `window` > 0 is a
+// sliding window: a query at position p sees keys p - window + 1..=p only.
 
-#define ATT_CHUNK 32  // attn_split's softmax holds one position per lane
+#define ATT_CHUNK_MIN 32   // decode split positions: a multiple of this (one per lane)
+#define ATT_CHUNK_MAX 256  // and at most this
 #define ATT_THREADS 256
-static_assert(ATT_CHUNK == 32, "attn_split assumes a warp-wide chunk");
 #define MAX_GROUP 8
+
+// First position a query at position `p` sees.
+__device__ __forceinline__ int att_lo(int p, int window) {
+    return window > 0 ? max(0, p - window + 1) : 0;
+}
 
 // s[g] += q_g · k for every query head g of a group: k one f16 key row, q [G][D] in shared
 // memory (already scaled).
@@ -594,37 +648,45 @@ __device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], 
 }
 
 // Decode (one query token at position inputs[0]), split-K: block (kv head, split) of
-// ATT_THREADS threads handles positions [split * ATT_CHUNK, +ATT_CHUNK) for every query head
-// of its group and writes an unnormalized partial (m, l, o[D]) per query head; `attn_combine`
-// merges the active splits (those below the current length; the rest return at once).
-// Scores: ATT_THREADS / ATT_CHUNK threads per position, each a slice of the dims. Values:
-// thread per dim, position groups of ATT_THREADS / D threads reduced through shared memory.
+// ATT_THREADS threads handles positions [split * chunk, +chunk) (chunk a multiple of 32, at
+// most ATT_CHUNK_MAX, chosen by the host from the depth) for every query head of its group
+// and writes an unnormalized partial (m, l, o[D]) per query head; `attn_combine` merges the
+// active splits (those that hold a visible position; the rest return at once).
+// Scores: ATT_THREADS / 32 threads per position, 32 positions at a time, each thread a slice
+// of the dims. Softmax: a warp per query head. Values: a thread per two dims (one 4-byte load),
+// position groups of 2 * ATT_THREADS / D threads summed in a fixed order through shared memory
+// (deterministic: a graph replay gives the eager launch's bits).
 // part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
 template <int D, int G>
 __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
                            float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
-                           float scale) {
-    const int TPP = ATT_THREADS / ATT_CHUNK;  // threads per position (scores)
-    const int DPT = D / TPP;                  // dims per thread (scores)
-    const int NPG = ATT_THREADS / D;          // position groups (values)
+                           int chunk, float scale, int window, float* sm) {
+    // Scores: TPP threads per position, DPT (a multiple of 8) dims each, PPI positions at a time.
+    const int TPP = D % 64 == 0 ? 8 : (D % 32 == 0 ? 4 : 2);
+    const int DPT = D / TPP;
+    const int PPI = ATT_THREADS / TPP;
+    const int NPG = 2 * ATT_THREADS / D;  // position groups (values)
     int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
     int n_pos = inputs[0] + 1;
-    int p0 = split * ATT_CHUNK;
-    if (p0 >= n_pos) return;
-    int n_here = min(ATT_CHUNK, n_pos - p0);
-    __shared__ float qs[G][D];
-    __shared__ float sc[G][ATT_CHUNK];
-    __shared__ float po[NPG][G][D];
+    int lo = att_lo(n_pos - 1, window);
+    int p0 = split * chunk;
+    if (p0 >= n_pos || p0 + chunk <= lo) return;
+    int n_here = min(chunk, n_pos - p0);
+    int skip = max(0, lo - p0);  // leading positions outside the window
+    float(*qs)[D] = (float(*)[D])sm;                                   // [G][D]
+    float(*sc)[ATT_CHUNK_MAX] = (float(*)[ATT_CHUNK_MAX])(sm + G * D);  // [G][ATT_CHUNK_MAX]
+    float(*po)[G][D] = (float(*)[G][D])(sm + G * (D + ATT_CHUNK_MAX));  // [NPG][G][D]
     for (int i = tid; i < G * D; i += ATT_THREADS) qs[i / D][i % D] = q[kvh * G * D + i] * scale;
     __syncthreads();
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
-    {
-        int pl = tid / TPP, part = tid % TPP;
+    int pl = tid / TPP, part = tid % TPP;
+    for (int c = 0; c < n_here; c += PPI) {
+        int pp = c + pl;
         float s[G];
         _Pragma("unroll") for (int g = 0; g < G; g++) s[g] = 0.0f;
-        if (pl < n_here) {
-            const u16* kr = kb + (u64)(p0 + pl) * D + part * DPT;
+        if (pp < n_here) {
+            const u16* kr = kb + (u64)(p0 + pp) * D + part * DPT;
             _Pragma("unroll") for (int i = 0; i < DPT; i += 8) {
                 uint4 kv = *(const uint4*)(kr + i);
                 u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
@@ -640,35 +702,48 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
         }
         _Pragma("unroll") for (int o = TPP / 2; o > 0; o >>= 1)
             _Pragma("unroll") for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(FULL, s[g], o);
-        if (part == 0)
-            _Pragma("unroll") for (int g = 0; g < G; g++) sc[g][pl] = pl < n_here ? s[g] : -INFINITY;
+        if (part == 0 && pp < n_here)
+            _Pragma("unroll") for (int g = 0; g < G; g++) sc[g][pp] = pp >= skip ? s[g] : -INFINITY;
     }
     __syncthreads();
     int warp = tid >> 5, lane = tid & 31;
     for (int g = warp; g < G; g += ATT_THREADS / 32) {
-        float v = sc[g][lane];
-        float m = warp_max(v);
-        float e = lane < n_here ? expf(v - m) : 0.0f;
-        float l = warp_sum(e);
-        sc[g][lane] = e;
+        float m = -INFINITY;
+        for (int p = lane; p < n_here; p += 32) m = fmaxf(m, sc[g][p]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int p = lane; p < n_here; p += 32) {
+            float e = p >= skip ? expf(sc[g][p] - m) : 0.0f;
+            sc[g][p] = e;
+            l += e;
+        }
+        l = warp_sum(l);
         if (lane == 0) part_ml[(kvh * G + g) * n_split + split] = make_float2(m, l);
     }
     __syncthreads();
-    int d = tid % D, pg = tid / D;
-    float o[G];
-    _Pragma("unroll") for (int g = 0; g < G; g++) o[g] = 0.0f;
-    for (int p = pg; p < n_here; p += NPG) {
-        float v = h2f(vb[(u64)(p0 + p) * D + d]);
-        _Pragma("unroll") for (int g = 0; g < G; g++) o[g] += sc[g][p] * v;
-    }
-    _Pragma("unroll") for (int g = 0; g < G; g++) po[pg][g][d] = o[g];
-    __syncthreads();
-    if (pg == 0) {
+    int d = (tid % (D / 2)) * 2, pg = tid / (D / 2);  // pg >= NPG: idle (D not a power of 2)
+    float o0[G], o1[G];
+    _Pragma("unroll") for (int g = 0; g < G; g++) o0[g] = o1[g] = 0.0f;
+    _Pragma("unroll 4") for (int p = skip + pg; pg < NPG && p < n_here; p += NPG) {
+        u32 vw = *(const u32*)(vb + (u64)(p0 + p) * D + d);
+        float v0 = h2f((u16)(vw & 0xFFFF)), v1 = h2f((u16)(vw >> 16));
         _Pragma("unroll") for (int g = 0; g < G; g++) {
-            float r = 0.0f;
-            _Pragma("unroll") for (int j = 0; j < NPG; j++) r += po[j][g][d];
-            part_o[((u64)(kvh * G + g) * n_split + split) * D + d] = r;
+            float e = sc[g][p];
+            o0[g] += e * v0;
+            o1[g] += e * v1;
         }
+    }
+    if (pg < NPG)
+        _Pragma("unroll") for (int g = 0; g < G; g++) {
+            po[pg][g][d] = o0[g];
+            po[pg][g][d + 1] = o1[g];
+        }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += ATT_THREADS) {
+        int g = i / D, dd = i % D;
+        float r = 0.0f;
+        _Pragma("unroll") for (int j = 0; j < NPG; j++) r += po[j][g][dd];
+        part_o[((u64)(kvh * G + g) * n_split + split) * D + dd] = r;
     }
 }
 
@@ -676,14 +751,17 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
 // do_q). Block per query head, D threads.
 template <int D>
 __device__ void attn_combine(const float* part_o, const float2* part_ml, const u32* inputs,
-                             float* out, i8* q, float2* ds, int n_split, int do_q) {
+                             float* out, i8* q, float2* ds, int n_split, int chunk, int do_q,
+                             int window) {
     int h = blockIdx.x, d = threadIdx.x;
-    int n_act = min(n_split, (int)((inputs[0] + ATT_CHUNK) / ATT_CHUNK));
+    int n_pos = inputs[0] + 1;
+    int s_hi = min(n_split, (n_pos + chunk - 1) / chunk);
+    int s_lo = att_lo(n_pos - 1, window) / chunk;
     const float2* ml = part_ml + (u64)h * n_split;
     float M = -INFINITY;
-    for (int s = 0; s < n_act; s++) M = fmaxf(M, ml[s].x);
+    for (int s = s_lo; s < s_hi; s++) M = fmaxf(M, ml[s].x);
     float L = 0.0f, acc = 0.0f;
-    for (int s = 0; s < n_act; s++) {
+    for (int s = s_lo; s < s_hi; s++) {
         float2 v = ml[s];
         float f = expf(v.x - M);
         L += f * v.y;
@@ -697,26 +775,29 @@ __device__ void attn_combine(const float* part_o, const float2* part_ml, const u
     }
 }
 
-// Prompt attention: one warp per (query token, KV head), covering every query head of the
-// group, with an online softmax over 32-position chunks (lane per position for the scores,
-// lane per dims for the values). Token t sits at position inputs[0] + t and sees positions
-// 0..=that. q [n_tok, n_head, D], out likewise; 4 warps per block.
+// Prompt attention on CUDA cores (the fallback of `attn_flash`): one warp per (query token,
+// KV head), covering every query head of the group, with an online softmax over 32-position
+// chunks (lane per position for the scores, lane per dims for the values). Token t sits at
+// position inputs[0] + t and sees positions att_lo..=that. q [n_tok, n_head, D], out
+// likewise; 4 warps per block.
 template <int D, int G>
 __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const u32* inputs,
-                             float* out, int n_tok, int n_head, int n_ctx, float scale) {
+                             float* out, int n_tok, int n_head, int n_ctx, float scale,
+                             int window, float* sm) {
     const int group = G;
-    const int PER = D / 32;
+    const int PER = (D + 31) / 32;  // dims per lane (lanes past D idle when D < 32)
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int t = blockIdx.y * 4 + warp;
     int kvh = blockIdx.x;
-    __shared__ float qs_all[4][G][D];
     if (t >= n_tok) return;
-    float(*qs)[D] = qs_all[warp];
+    float(*qs)[D] = (float(*)[D])(sm + warp * G * D);  // sm: [4][G][D]
     const float* qt = q + ((u64)t * n_head + kvh * group) * D;
     _Pragma("unroll") for (int g = 0; g < group; g++)
         for (int i = lane; i < D; i += 32) qs[g][i] = qt[g * D + i] * scale;
     __syncwarp();
     int n_pos = inputs[0] + t + 1;
+    bool lane_ok = lane < D;
+    int lo = att_lo(n_pos - 1, window);
     const u16* kb = kc + (u64)kvh * n_ctx * D;
     const u16* vb = vc + (u64)kvh * n_ctx * D;
     float m[G], l[G], o[G][PER];
@@ -725,33 +806,37 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         l[g] = 0.0f;
         for (int i = 0; i < PER; i++) o[g][i] = 0.0f;
     }
-    for (int p0 = 0; p0 < n_pos; p0 += 32) {
+    for (int p0 = lo & ~31; p0 < n_pos; p0 += 32) {
         int p = p0 + lane;
+        bool ok = p < n_pos && p >= lo;
         float s[G];
         _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
-        if (p < n_pos) {
+        if (ok) {
             key_scores<D, G>(kb + (u64)p * D, qs, s);
         }
         int n_here = min(32, n_pos - p0);
         _Pragma("unroll") for (int g = 0; g < group; g++) {
-            float sv = p < n_pos ? s[g] : -INFINITY;
+            float sv = ok ? s[g] : -INFINITY;
             float cm = warp_max(sv);
             float nm = fmaxf(m[g], cm);
             float corr = expf(m[g] - nm);
-            float e = p < n_pos ? expf(sv - nm) : 0.0f;
+            float e = ok ? expf(sv - nm) : 0.0f;
             l[g] = l[g] * corr + warp_sum(e);
             m[g] = nm;
             for (int i = 0; i < PER; i++) o[g][i] *= corr;
             for (int j = 0; j < n_here; j++) {
                 float ej = __shfl_sync(FULL, e, j);
+                if (ej == 0.0f) continue;
                 const u16* vr = vb + (u64)(p0 + j) * D;
-                for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
+                if (lane_ok)
+                    for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
             }
         }
     }
     float* ot = out + ((u64)t * n_head + kvh * group) * D;
     _Pragma("unroll") for (int g = 0; g < group; g++)
-        for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
+        if (lane_ok)
+            for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
 }
 
 #define ATT_GROUPS(CALL)                                                                       \
@@ -766,33 +851,52 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         default: CALL(8); break;                                                               \
     }
 
-// `group` (1..=MAX_GROUP, checked on the host) picks the instantiation.
+// `group` (1..=MAX_GROUP, checked on the host) picks the instantiation. Shared memory is
+// declared once per kernel, sized for MAX_GROUP (each instantiation's own arrays would add up).
 #define INSTANTIATE_ATTN(D)                                                                    \
     extern "C" __global__ void attn_split_##D(const float* q, const u16* kc, const u16* vc,    \
                                               const u32* inputs, float* part_o,                \
                                               float2* part_ml, int n_head, int group,          \
-                                              int n_ctx, int n_split, float scale) {           \
+                                              int n_ctx, int n_split, int chunk, float scale,  \
+                                              int window) {                                    \
+        __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         ATT_GROUPS(SPLIT_##D)                                                                  \
     }                                                                                          \
     extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \
                                                 const u32* inputs, float* out, i8* q,          \
-                                                float2* ds, int n_split, int do_q) {           \
-        attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, do_q);                   \
+                                                float2* ds, int n_split, int chunk, int do_q,  \
+                                                int window) {                                  \
+        attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, chunk, do_q, window);    \
     }                                                                                          \
     extern "C" __global__ void attn_prefill_##D(const float* q, const u16* kc, const u16* vc,  \
                                                 const u32* inputs, float* out, int n_tok,      \
                                                 int n_head, int group, int n_ctx,              \
-                                                float scale) {                                 \
+                                                float scale, int window) {                     \
+        __shared__ float sm[4 * MAX_GROUP * D];                                                \
         ATT_GROUPS(PREFILL_##D)                                                                \
     }
 
-#define SPLIT_64(G) attn_split<64, G>(q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, scale)
-#define SPLIT_128(G) attn_split<128, G>(q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, scale)
-#define PREFILL_64(G) attn_prefill<64, G>(q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale)
-#define PREFILL_128(G) attn_prefill<128, G>(q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale)
+#define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm
+#define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm
+#define SPLIT_16(G) attn_split<16, G>(SPLIT_ARGS)
+#define SPLIT_32(G) attn_split<32, G>(SPLIT_ARGS)
+#define SPLIT_96(G) attn_split<96, G>(SPLIT_ARGS)
+#define SPLIT_64(G) attn_split<64, G>(SPLIT_ARGS)
+#define SPLIT_128(G) attn_split<128, G>(SPLIT_ARGS)
+#define SPLIT_256(G) attn_split<256, G>(SPLIT_ARGS)
+#define PREFILL_16(G) attn_prefill<16, G>(PREFILL_ARGS)
+#define PREFILL_32(G) attn_prefill<32, G>(PREFILL_ARGS)
+#define PREFILL_96(G) attn_prefill<96, G>(PREFILL_ARGS)
+#define PREFILL_64(G) attn_prefill<64, G>(PREFILL_ARGS)
+#define PREFILL_128(G) attn_prefill<128, G>(PREFILL_ARGS)
+#define PREFILL_256(G) attn_prefill<256, G>(PREFILL_ARGS)
 
+INSTANTIATE_ATTN(16)
+INSTANTIATE_ATTN(32)
 INSTANTIATE_ATTN(64)
+INSTANTIATE_ATTN(96)
 INSTANTIATE_ATTN(128)
+INSTANTIATE_ATTN(256)
 
 // ---------------------------------------------------------------------------------------
 // Greedy pick on the device.

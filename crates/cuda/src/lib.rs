@@ -17,7 +17,7 @@ pub mod layout;
 
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
-pub use gpu::{DevAct, DevKv, DevMatrix, DevVec, GEMM_MIN_TOKENS, Gpu};
+pub use gpu::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, GEMM_MIN_TOKENS, Gpu, decode_chunk};
 
 /// Whether this build has the GPU code (the `cuda` feature).
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

@@ -329,9 +329,11 @@ fn attention_decode_and_prefill_match_host() {
         let check = |got: &[f32], t_pos: usize, what: &str| {
             let q = &q_all[t_pos * n_head * hd..(t_pos + 1) * n_head * hd];
             let want = host_attention(q, &kr, &vr, t_pos + 1, n_head, n_kv, hd);
+            // Prompts run the tensor-core kernel (q and p rounded to f16).
+            let tol = if what == "decode" { 2e-4 } else { 3e-3 };
             for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
                 assert!(
-                    (a - b).abs() <= 2e-4,
+                    (a - b).abs() <= tol,
                     "{what} heads {n_head}/{n_kv} hd {hd} pos {t_pos} [{i}]: {a} vs {b}"
                 );
             }

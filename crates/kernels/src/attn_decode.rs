@@ -5,9 +5,7 @@
 //! key/value row is read once per group; KV heads are split across pool
 //! threads.
 
-use std::ops::Range;
-
-use crate::pool::{ThreadPool, split_range};
+use crate::pool::ThreadPool;
 use crate::quantdot::{Isa, KernelError, f16_to_f32, kernels};
 
 /// Memory layout of the K and V caches.
@@ -139,10 +137,6 @@ pub fn attn_decode_f16_scalar(
     attn_decode_f16_with(false, q, k, v, shape, n_kv, out, None)
 }
 
-struct OutPtr(*mut f32);
-// SAFETY: threads write disjoint head ranges through it.
-unsafe impl Sync for OutPtr {}
-
 #[allow(clippy::too_many_arguments)]
 fn attn_decode_f16_with(
     simd: bool,
@@ -167,19 +161,10 @@ fn attn_decode_f16_with(
         }
         return Ok(());
     };
-    let dst = OutPtr(out.as_mut_ptr());
-    pool.run(&|t, nt| {
-        let dst = &dst;
-        let heads: Range<usize> = split_range(shape.n_head_kv, 1, t, nt);
+    // One KV head (its whole GQA group of query heads) per chunk, handed out over the pool.
+    pool.for_each_chunk_mut(out, group * hd, &|kvh, o| {
         let mut scores = Vec::new();
-        for kvh in heads {
-            // SAFETY: each KV head owns out[kvh*group*hd .. (kvh+1)*group*hd],
-            // in bounds (checked: out.len() = n_head*hd), and split_range gives
-            // threads disjoint KV heads; `out` outlives `pool.run`.
-            let o =
-                unsafe { std::slice::from_raw_parts_mut(dst.0.add(kvh * group * hd), group * hd) };
-            kv_head(simd, q, k, v, shape, n_kv, kvh, o, &mut scores);
-        }
+        kv_head(simd, q, k, v, shape, n_kv, kvh, o, &mut scores);
     });
     Ok(())
 }

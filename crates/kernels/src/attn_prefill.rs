@@ -26,7 +26,7 @@ pub const KB: usize = 32;
 
 /// Whether [`attn_prefill_f16`] has a kernel for `head_dim`.
 pub fn supports_head_dim(head_dim: usize) -> bool {
-    matches!(head_dim, 64 | 128)
+    matches!(head_dim, 64 | 128 | 256)
 }
 
 /// Causal attention of `n_tokens` queries at positions `pos0..pos0 + n_tokens`.
@@ -101,7 +101,8 @@ pub fn attn_prefill_f16(
             };
             match hd {
                 64 => run_unit::<64>(&unit, &mut kt, &mut vb, &mut st),
-                _ => run_unit::<128>(&unit, &mut kt, &mut vb, &mut st),
+                128 => run_unit::<128>(&unit, &mut kt, &mut vb, &mut st),
+                _ => run_unit::<256>(&unit, &mut kt, &mut vb, &mut st),
             }
         }
     };
@@ -524,6 +525,9 @@ pub(crate) mod tests {
         check(4, 4, 64, 0, 33, 3);
         check(9, 3, 128, 60, 100, 2);
         check(3, 1, 128, 1023, 7, 2);
+        // Gemma 3's head size (MQA: one KV head for four query heads).
+        check(4, 1, 256, 0, 33, 2);
+        check(4, 1, 256, 9, 7, 1);
     }
 
     #[test]
@@ -549,6 +553,6 @@ pub(crate) mod tests {
             ..shape
         };
         assert!(attn_prefill_f16(&q, &k, &v, odd, 0, &mut out, None).is_err());
-        assert!(!supports_head_dim(8) && supports_head_dim(128));
+        assert!(!supports_head_dim(8) && supports_head_dim(128) && supports_head_dim(256));
     }
 }

@@ -242,7 +242,13 @@ pub enum IsaError {
         /// Comma-separated missing features.
         missing: String,
     },
+    /// Process-wide kernel settings were already fixed differently.
+    #[error("the kernel settings were already fixed for this process ({0})")]
+    Conflict(String),
 }
+
+/// The process-wide ISA choice, made once ([`Isa::detect`] or [`Isa::set_override`]).
+static CHOSEN: OnceLock<Result<Isa, IsaError>> = OnceLock::new();
 
 impl Isa {
     /// Every level, lowest first.
@@ -320,10 +326,10 @@ impl Isa {
             .unwrap_or(Isa::Scalar)
     }
 
-    /// The level kernels should use: `DAMASCUS_ISA` if set (an error if this CPU lacks it),
-    /// else [`Isa::best`]. Computed once per process.
+    /// The level kernels should use: the one installed with [`Isa::set_override`] (from
+    /// [`crate::settings::KernelSettings`]), else `DAMASCUS_ISA` if set (an error if this
+    /// CPU lacks it), else [`Isa::best`]. Computed once per process.
     pub fn detect() -> Result<Isa, IsaError> {
-        static CHOSEN: OnceLock<Result<Isa, IsaError>> = OnceLock::new();
         CHOSEN
             .get_or_init(|| {
                 Isa::choose(
@@ -332,6 +338,23 @@ impl Isa {
                 )
             })
             .clone()
+    }
+
+    /// Fixes the process-wide level before any kernel runs: `Some(isa)` forces it (an error if
+    /// this CPU lacks it), `None` leaves the automatic choice. Once the level is chosen a
+    /// different forced one is an error.
+    pub fn set_override(isa: Option<Isa>) -> Result<(), IsaError> {
+        let Some(isa) = isa else {
+            return Isa::detect().map(|_| ());
+        };
+        let want = Isa::choose(Some(isa.name()), Isa::is_available);
+        let got = CHOSEN.get_or_init(|| want.clone());
+        match (got, want) {
+            (Ok(g), Ok(w)) if *g == w => Ok(()),
+            (_, Err(e)) => Err(e),
+            (Ok(g), Ok(w)) => Err(IsaError::Conflict(format!("{g} in use, {w} asked"))),
+            (Err(e), Ok(_)) => Err(e.clone()),
+        }
     }
 
     /// Pure choice logic behind [`Isa::detect`]: `forced` is the `DAMASCUS_ISA` value (empty

@@ -13,3 +13,4 @@ pub mod gemm;
 pub mod pool;
 pub mod quantdot;
 pub mod reference;
+pub mod settings;

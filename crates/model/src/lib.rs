@@ -15,6 +15,7 @@ pub mod backend;
 pub mod batch;
 pub mod config;
 pub mod decoder;
+pub mod embed;
 pub mod error;
 pub mod family;
 pub mod kv_pool;

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use damascus_gguf::GgufFile;
+use damascus_kernels::settings::KernelSettings;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
@@ -57,6 +58,9 @@ pub struct LoadOptions {
     /// Keep every weight in the file's layout on the CPU backend (no load-time repacking; the
     /// same as `DAMASCUS_REPACK=0`).
     pub no_repack: bool,
+    /// Tuning settings of the CPU kernels and backend (the process-wide ones take effect
+    /// through [`KernelSettings::install`]).
+    pub kernel: KernelSettings,
 }
 
 /// Default context length when the user gives none.
@@ -201,12 +205,12 @@ impl Model {
             BackendKind::Auto => Self::with_backend(
                 file,
                 opts,
-                CpuBackend::new(None).with_repack(!opts.no_repack),
+                CpuBackend::with_settings(None, &opts.kernel).with_repack(!opts.no_repack),
             ),
             BackendKind::Cpu { n_threads } => Self::with_backend(
                 file,
                 opts,
-                CpuBackend::new(n_threads).with_repack(!opts.no_repack),
+                CpuBackend::with_settings(n_threads, &opts.kernel).with_repack(!opts.no_repack),
             ),
             #[cfg(feature = "cuda")]
             BackendKind::Cuda {
@@ -219,12 +223,14 @@ impl Model {
                     Some(0) => Self::with_backend(
                         file,
                         opts,
-                        CpuBackend::new(n_threads).with_repack(!opts.no_repack),
+                        CpuBackend::with_settings(n_threads, &opts.kernel)
+                            .with_repack(!opts.no_repack),
                     ),
                     Some(n) if n < n_layer => {
                         let gpu = crate::backend::cuda::CudaBackend::new(device)?;
                         let split = crate::backend::split::Split::new(
-                            CpuBackend::new(n_threads).with_repack(!opts.no_repack),
+                            CpuBackend::with_settings(n_threads, &opts.kernel)
+                                .with_repack(!opts.no_repack),
                             gpu,
                             n_layer,
                             n,

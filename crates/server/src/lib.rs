@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod embeddings;
 pub mod engine;
 pub mod metrics;
 pub mod routes;
@@ -118,6 +119,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Unix time the server started (the `created` of `/v1/models`).
     pub started: u64,
+    /// The model (`/v1/embeddings` runs its own forward passes).
+    pub model: Arc<Model>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -236,6 +239,7 @@ fn build_state(
         queue,
         metrics,
         started: now_unix(),
+        model,
     });
     Ok((state, workers))
 }

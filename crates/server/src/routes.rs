@@ -95,6 +95,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
+        .route("/embeddings", post(crate::embeddings::embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
@@ -161,7 +163,7 @@ async fn method_not_allowed(req: Request) -> ApiError {
 }
 
 /// Maps a body extraction failure (too large = 413, unreadable = 400).
-fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {

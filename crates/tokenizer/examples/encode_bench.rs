@@ -24,7 +24,19 @@ fn load(path: &str) -> Tokenizer {
         }
         tok
     } else {
-        Tokenizer::from_gguf(&GgufFile::open(path).expect("open gguf")).expect("build")
+        let t = Instant::now();
+        let f = GgufFile::open(path).expect("open gguf");
+        let open_s = t.elapsed().as_secs_f64();
+        let spec = TokenizerSpec::from_metadata(f.metadata()).expect("read metadata");
+        let spec_s = t.elapsed().as_secs_f64() - open_s;
+        let tok = Tokenizer::from_spec(spec).expect("build");
+        if std::env::var_os("BENCH_VERBOSE").is_some() {
+            eprintln!(
+                "gguf: open (metadata parse) {open_s:.3} s, spec {spec_s:.3} s, build {:.3} s",
+                t.elapsed().as_secs_f64() - open_s - spec_s
+            );
+        }
+        tok
     }
 }
 

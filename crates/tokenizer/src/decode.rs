@@ -7,18 +7,24 @@ use crate::error::{Result, TokenizerError};
 use crate::spec::{ModelKind, TokenType};
 use crate::spm::{SPACE_MARK, parse_byte_token};
 
-/// The bytes a token stands for.
-pub(crate) fn piece_bytes(model: ModelKind, text: &str, ty: TokenType) -> Box<[u8]> {
+/// Append the bytes a token stands for to `out`.
+pub(crate) fn push_piece_bytes(model: ModelKind, text: &str, ty: TokenType, out: &mut Vec<u8>) {
     match (model, ty) {
         // Control and user-defined tokens are literal text in both families.
-        (_, TokenType::Control | TokenType::UserDefined) => text.as_bytes().into(),
+        (_, TokenType::Control | TokenType::UserDefined) => out.extend_from_slice(text.as_bytes()),
         (ModelKind::SentencePiece, TokenType::Byte) => match parse_byte_token(text) {
-            Some(b) => Box::new([b]),
-            None => text.as_bytes().into(),
+            Some(b) => out.push(b),
+            None => out.extend_from_slice(text.as_bytes()),
         },
-        (ModelKind::SentencePiece, _) => text.replace(SPACE_MARK, " ").into_bytes().into(),
+        (ModelKind::SentencePiece, _) => {
+            for (i, part) in text.split(SPACE_MARK).enumerate() {
+                if i > 0 {
+                    out.push(b' ');
+                }
+                out.extend_from_slice(part.as_bytes());
+            }
+        }
         (ModelKind::BytePairGpt2, _) => {
-            let mut out = Vec::with_capacity(text.len());
             for c in text.chars() {
                 match char_to_byte(c) {
                     Some(b) => out.push(b),
@@ -26,7 +32,6 @@ pub(crate) fn piece_bytes(model: ModelKind, text: &str, ty: TokenType) -> Box<[u
                     None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
                 }
             }
-            out.into()
         }
     }
 }

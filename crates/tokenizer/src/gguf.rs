@@ -58,6 +58,9 @@ impl TokenizerSpec {
                 .to_vec();
             // llama.cpp (and Meta's tiktoken) look whole words up first for Llama 3.
             spec.ignore_merges = pre == PreTokenizer::Llama3;
+            // Qwen 2's tokenizer.json normalizes to NFC (HF does; llama.cpp does not, so it
+            // differs from HF on text that is not in NFC).
+            spec.normalize_nfc = pre == PreTokenizer::Qwen2;
         }
         spec.bos = md.get_u32(keys::TOKENIZER_BOS_ID)?;
         spec.eos = md.get_u32(keys::TOKENIZER_EOS_ID)?;

@@ -6,9 +6,13 @@
 //! BPE only) → BPE merges per word (`bpe.rs`) or SentencePiece merges (`spm.rs`) → optional EOS.
 //!
 //! Semantics worth knowing:
-//! - Special parsing (`parse_special`) matches both control and user-defined token strings,
-//!   leftmost-longest; without it they are plain text. HF's per-token `lstrip`/`rstrip`/
+//! - User-defined token strings (Gemma's `\n\n`, whitespace runs) are always matched as single
+//!   tokens, leftmost-longest, as Hugging Face does for non-special added tokens and llama.cpp for
+//!   `USER_DEFINED` ones; control tokens (`<|eot_id|>`) only with special parsing
+//!   (`parse_special`), else they are plain text. HF's per-token `lstrip`/`rstrip`/
 //!   `single_word` flags are not modelled (none of the supported vocabularies set them).
+//! - `normalize_nfc` (Qwen 2's `tokenizer.json` normalizer) turns each text fragment into NFC
+//!   before pre-tokenizing, as Hugging Face does (llama.cpp does not normalize).
 //! - Byte-level BPE bytes missing from the vocabulary are dropped, as HF does without `unk`.
 //! - `ignore_merges` (whole word looked up first) is on for `llama-bpe` from GGUF, as in
 //!   llama.cpp; from a `tokenizer.json` it follows the file.
@@ -16,7 +20,8 @@
 //!   token (llama.cpp's rule) and strips one leading space when decoding.
 //!
 //! Invariants: encoding never fails or panics on any `&str`; byte-level decoding is byte-exact
-//! (`decode(encode(x)) == x` when special parsing is off); the streaming decoder never emits a
+//! (`decode(encode(x)) == x` when special parsing is off and the text is in NFC or the vocabulary
+//! does not normalize); the streaming decoder never emits a
 //! partial UTF-8 sequence.
 #![forbid(unsafe_code)]
 
@@ -66,9 +71,17 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     /// `[n_vocab]`
     types: Vec<TokenType>,
-    /// Decoded bytes of each token (byte alphabet / `▁` / `<0xNN>` undone). `[n_vocab]`
-    pieces: Vec<Box<[u8]>>,
+    /// Decoded bytes of every token (byte alphabet / `▁` / `<0xNN>` undone), concatenated.
+    /// `[sum of piece lengths]`
+    piece_bytes: Vec<u8>,
+    /// Start of token i's bytes in `piece_bytes`; i + 1 ends it. `[n_vocab + 1]`
+    piece_offs: Vec<u32>,
+    /// Control and user-defined tokens (special parsing on). `specials` ⊇ `user_defined`.
     specials: SpecialMatcher,
+    /// User-defined tokens only (always matched).
+    user_defined: SpecialMatcher,
+    /// Normalize text fragments to NFC before pre-tokenizing (Qwen 2).
+    normalize_nfc: bool,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -160,27 +173,39 @@ impl Tokenizer {
                 spec.unk,
             ))),
         };
-        let pieces = spec
+        // One buffer for all pieces: no allocation per token (262k in Gemma's vocabulary).
+        let mut piece_bytes = Vec::with_capacity(spec.tokens.iter().map(String::len).sum());
+        let mut piece_offs = Vec::with_capacity(n + 1);
+        piece_offs.push(0u32);
+        for (t, &ty) in spec.tokens.iter().zip(&types) {
+            decode::push_piece_bytes(spec.model, t, ty, &mut piece_bytes);
+            let end = u32::try_from(piece_bytes.len())
+                .map_err(|_| TokenizerError::BadVocab("token strings exceed 4 GiB".into()))?;
+            piece_offs.push(end);
+        }
+        let matchable = |keep: fn(TokenType) -> bool| {
+            SpecialMatcher::new(
+                spec.tokens
+                    .iter()
+                    .zip(&types)
+                    .enumerate()
+                    .filter(|(_, (_, ty))| keep(**ty))
+                    .map(|(i, (t, _))| (t.clone(), i as u32)),
+            )
+        };
+        let specials = matchable(|ty| matches!(ty, TokenType::Control | TokenType::UserDefined));
+        let user_defined = matchable(|ty| ty == TokenType::UserDefined);
+        // Control tokens by text (a few thousand in Gemma's vocabulary), for the EOG lookups.
+        let controls: std::collections::HashMap<&str, u32> = spec
             .tokens
             .iter()
             .zip(&types)
-            .map(|(t, &ty)| decode::piece_bytes(spec.model, t, ty))
+            .enumerate()
+            .rev() // the lowest id wins for duplicates
+            .filter(|(_, (_, ty))| **ty == TokenType::Control)
+            .map(|(i, (t, _))| (t.as_str(), i as u32))
             .collect();
-        let specials = SpecialMatcher::new(
-            spec.tokens
-                .iter()
-                .zip(&types)
-                .enumerate()
-                .filter(|(_, (_, ty))| matches!(ty, TokenType::Control | TokenType::UserDefined))
-                .map(|(i, (t, _))| (t.clone(), i as u32)),
-        );
-        let control_id = |text: &str| {
-            spec.tokens
-                .iter()
-                .zip(&types)
-                .position(|(t, &ty)| t == text && ty == TokenType::Control)
-                .map(|i| i as u32)
-        };
+        let control_id = |text: &str| controls.get(text).copied();
         let eot = spec.eot.or_else(|| {
             ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"]
                 .iter()
@@ -191,13 +216,17 @@ impl Tokenizer {
         eog.extend(eot);
         eog.sort_unstable();
         eog.dedup();
+        drop(controls);
         Ok(Self {
             model,
             pre: spec.pre,
             tokens: spec.tokens,
             types,
-            pieces,
+            piece_bytes,
+            piece_offs,
             specials,
+            user_defined,
+            normalize_nfc: spec.normalize_nfc,
             bos: spec.bos,
             eos: spec.eos,
             eot,
@@ -231,8 +260,13 @@ impl Tokenizer {
             out.extend(self.bos);
         }
         let mut frags = Vec::new();
-        if opts.parse_special && !self.specials.is_empty() {
-            self.specials.split(text, &mut frags);
+        let matcher = if opts.parse_special {
+            &self.specials
+        } else {
+            &self.user_defined
+        };
+        if !matcher.is_empty() {
+            matcher.split(text, &mut frags);
         } else if !text.is_empty() {
             frags.push(Fragment::Text(text));
         }
@@ -267,8 +301,23 @@ impl Tokenizer {
     /// Encode a fragment without special tokens. `after_special`: the fragment starts the text or
     /// follows a special token (SentencePiece then adds its dummy `▁` prefix).
     fn encode_text(&self, text: &str, after_special: bool, s: &mut Scratch, out: &mut Vec<u32>) {
+        let normalized;
+        let text = if self.normalize_nfc
+            && unicode_normalization::is_nfc_quick(text.chars())
+                != unicode_normalization::IsNormalized::Yes
+        {
+            normalized = unicode_normalization::UnicodeNormalization::nfc(text).collect::<String>();
+            normalized.as_str()
+        } else {
+            text
+        };
         match &self.model {
-            Model::Spm(m) => m.encode(text, self.add_space_prefix && after_special, out),
+            Model::Spm(m) => m.encode(
+                &self.tokens,
+                text,
+                self.add_space_prefix && after_special,
+                out,
+            ),
             Model::Bpe(m) => {
                 s.words.clear();
                 s.splitter.split(self.pre, text, &mut s.words);
@@ -313,7 +362,9 @@ impl Tokenizer {
 
     /// The bytes one token decodes to (control tokens included), or `None` if out of range.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        self.pieces.get(id as usize).map(|p| &p[..])
+        let i = id as usize;
+        let (a, b) = (*self.piece_offs.get(i)?, *self.piece_offs.get(i + 1)?);
+        Some(&self.piece_bytes[a as usize..b as usize])
     }
 
     /// A token's text for display: its decoded bytes, lossily as UTF-8.

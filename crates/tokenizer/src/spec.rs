@@ -153,6 +153,8 @@ pub struct TokenizerSpec {
     pub add_space_prefix: bool,
     /// Byte-level BPE: a word that is itself a token is emitted without merging (Llama 3).
     pub ignore_merges: bool,
+    /// Normalize text to Unicode NFC before pre-tokenizing (Qwen 2's `tokenizer.json`).
+    pub normalize_nfc: bool,
     /// Jinja chat template (`tokenizer.chat_template`).
     pub chat_template: Option<String>,
 }
@@ -176,6 +178,7 @@ impl TokenizerSpec {
             add_eos: false,
             add_space_prefix: false,
             ignore_merges: false,
+            normalize_nfc: false,
             chat_template: None,
         }
     }
@@ -193,6 +196,11 @@ impl TokenizerSpec {
             return Err(bad("only BPE models are supported"));
         }
         let pre = detect_pre(&j["pre_tokenizer"])?;
+        let normalize_nfc = match &j["normalizer"] {
+            Json::Null => false,
+            n if n["type"] == "NFC" => true,
+            n => return Err(bad(&format!("unsupported normalizer {n}"))),
+        };
         let vocab = model["vocab"]
             .as_object()
             .ok_or_else(|| bad("model.vocab missing"))?;
@@ -240,6 +248,7 @@ impl TokenizerSpec {
         }
         let mut spec = Self::new(ModelKind::BytePairGpt2, pre);
         spec.ignore_merges = model["ignore_merges"].as_bool().unwrap_or(false);
+        spec.normalize_nfc = normalize_nfc;
         let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u32);
         // BOS is added when the post-processor template starts with a special token.
         if let Some(first) = find_template_first_special(&j["post_processor"]) {

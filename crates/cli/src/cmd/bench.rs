@@ -3,6 +3,9 @@
 //!
 //! * `ppN`: one forward pass of `N` random token ids on an empty context.
 //! * `tgN`: `N` single-token decode steps on an empty context.
+//! * With `-d D` (llama-bench's depth), both run after `D` random tokens already in the cache
+//!   (`pp512 @ d4096`): the cache is filled once per test, untimed, and cut back to `D` before
+//!   every run.
 //!
 //! Each test runs once as a warm-up (not recorded), then `-r` times; the table gives the median,
 //! p5/p95 and standard deviation of the per-run tokens/second. `--json` lists every test by name
@@ -37,6 +40,14 @@ pub struct Args {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Context depths: tokens already in the cache before each test (comma-separated).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Recorded repetitions of each test (after one warm-up run).
     #[arg(short = 'r', long = "repetitions", default_value_t = 10)]
     repetitions: usize,
@@ -58,6 +69,7 @@ impl Default for Args {
             backend: super::BackendArg::default(),
             n_prompt: vec![512],
             n_gen: vec![128],
+            n_depth: vec![0],
             repetitions: 10,
             threads: None,
             reference: false,
@@ -66,26 +78,42 @@ impl Default for Args {
     }
 }
 
-/// One test to run.
+/// What one test times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Test {
+enum Kind {
     /// One forward pass of this many prompt tokens.
     Prompt(usize),
     /// This many decode steps.
     Gen(usize),
 }
 
+/// One test to run: its kind, after `depth` tokens already in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Test {
+    kind: Kind,
+    depth: usize,
+}
+
+/// Tokens per forward pass while filling the cache to a test's depth.
+const FILL_CHUNK: usize = 2048;
+
 impl Test {
+    /// llama-bench's spelling: `pp512`, `tg128`, `tg128 @ d4096`.
     fn name(self) -> String {
-        match self {
-            Test::Prompt(n) => format!("pp{n}"),
-            Test::Gen(n) => format!("tg{n}"),
+        let base = match self.kind {
+            Kind::Prompt(n) => format!("pp{n}"),
+            Kind::Gen(n) => format!("tg{n}"),
+        };
+        if self.depth > 0 {
+            format!("{base} @ d{}", self.depth)
+        } else {
+            base
         }
     }
 
     fn n_tokens(self) -> usize {
-        match self {
-            Test::Prompt(n) | Test::Gen(n) => n,
+        match self.kind {
+            Kind::Prompt(n) | Kind::Gen(n) => n,
         }
     }
 }
@@ -148,24 +176,40 @@ impl Rng {
     }
 }
 
-/// Runs `test` once on a fresh (reset) session; returns the elapsed nanoseconds.
+/// Fills `session` with `depth` random tokens (untimed), in passes of [`FILL_CHUNK`].
+fn fill(
+    session: &mut damascus_model::Session,
+    depth: usize,
+    rng: &mut Rng,
+    n_vocab: usize,
+) -> anyhow::Result<()> {
+    session.reset();
+    let ids: Vec<u32> = (0..depth).map(|_| rng.next_below(n_vocab)).collect();
+    for chunk in ids.chunks(FILL_CHUNK) {
+        session.eval(chunk)?;
+    }
+    Ok(())
+}
+
+/// Runs `test` once on a session cut back to the test's depth (filled by [`fill`]); returns
+/// the elapsed nanoseconds.
 fn run_once(
     session: &mut damascus_model::Session,
     test: Test,
     rng: &mut Rng,
     n_vocab: usize,
 ) -> anyhow::Result<u64> {
-    session.reset();
+    session.truncate(test.depth);
     // [n] token ids, drawn before the clock starts.
     let ids: Vec<u32> = (0..test.n_tokens())
         .map(|_| rng.next_below(n_vocab))
         .collect();
     let t0 = Instant::now();
-    match test {
-        Test::Prompt(_) => {
+    match test.kind {
+        Kind::Prompt(_) => {
             session.eval(&ids)?;
         }
-        Test::Gen(_) => {
+        Kind::Gen(_) => {
             // Greedy decoding's work: the backend's argmax of each step's logits.
             for &id in &ids {
                 session.eval_argmax(&[id])?;
@@ -199,18 +243,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.threads == Some(0) {
         bail!("-t must be at least 1");
     }
-    let tests: Vec<Test> = args
+    let kinds: Vec<Kind> = args
         .n_prompt
         .iter()
         .filter(|&&n| n > 0)
-        .map(|&n| Test::Prompt(n))
-        .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)))
+        .map(|&n| Kind::Prompt(n))
+        .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Kind::Gen(n)))
         .collect();
-    if tests.is_empty() {
+    if kinds.is_empty() {
         bail!("nothing to run: every -p and -n is 0");
     }
+    let tests: Vec<Test> = kinds
+        .iter()
+        .flat_map(|&kind| args.n_depth.iter().map(move |&depth| Test { kind, depth }))
+        .collect();
     let path = args.model.resolve()?;
-    let n_ctx = tests.iter().map(|t| t.n_tokens()).max().unwrap_or(1);
+    let n_ctx = tests
+        .iter()
+        .map(|t| t.depth + t.n_tokens())
+        .max()
+        .unwrap_or(1);
     let threads = args
         .threads
         .unwrap_or_else(damascus_kernels::pool::physical_cores);
@@ -218,6 +270,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_ctx: Some(n_ctx),
         backend: args.backend.kind(args.reference, Some(threads))?,
         no_repack: args.backend.no_repack,
+        kernel: super::kernel_settings()?,
         ..Default::default()
     };
     let t_load = Instant::now();
@@ -243,7 +296,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut outcomes = Vec::new();
     for &test in &tests {
-        let mut session = model.session_with_n_ctx(test.n_tokens())?;
+        let mut session = model.session_with_n_ctx(test.depth + test.n_tokens())?;
+        if test.depth > 0 {
+            eprint!("{}: filling {} tokens,", test.name(), test.depth);
+            fill(&mut session, test.depth, &mut rng, n_vocab)?;
+        } else {
+            session.reset();
+        }
         eprint!("{}: warm-up", test.name());
         run_once(&mut session, test, &mut rng, n_vocab)?;
         let mut samples_ns = Vec::with_capacity(args.repetitions);
@@ -270,14 +329,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let tests: Vec<_> = outcomes
             .iter()
             .map(|o| {
-                let (n_prompt, n_gen) = match o.test {
-                    Test::Prompt(n) => (n, 0),
-                    Test::Gen(n) => (0, n),
+                let (n_prompt, n_gen) = match o.test.kind {
+                    Kind::Prompt(n) => (n, 0),
+                    Kind::Gen(n) => (0, n),
                 };
                 serde_json::json!({
                     "name": o.test.name(),
                     "n_prompt": n_prompt,
                     "n_gen": n_gen,
+                    "n_depth": o.test.depth,
                     "samples_ns": o.samples_ns,
                     "samples_ts": o.samples_ts,
                     "avg_ts": o.stats.mean,
@@ -379,8 +439,11 @@ mod tests {
 
     #[test]
     fn test_names() {
-        assert_eq!(Test::Prompt(512).name(), "pp512");
-        assert_eq!(Test::Gen(128).name(), "tg128");
+        let t = |kind, depth| Test { kind, depth };
+        assert_eq!(t(Kind::Prompt(512), 0).name(), "pp512");
+        assert_eq!(t(Kind::Gen(128), 0).name(), "tg128");
+        assert_eq!(t(Kind::Gen(128), 4096).name(), "tg128 @ d4096");
+        assert_eq!(t(Kind::Prompt(512), 16384).n_tokens(), 512);
     }
 
     #[test]

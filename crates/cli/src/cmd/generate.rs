@@ -59,6 +59,7 @@ impl EngineArgs {
             n_ctx: self.ctx_size,
             backend: self.backend.kind(self.reference, self.threads)?,
             no_repack: self.backend.no_repack,
+            kernel: super::kernel_settings()?,
             cache_type: self.cache_type.map(|t| match t {
                 CacheType::F32 => KvCacheType::F32,
                 CacheType::F16 => KvCacheType::F16,

@@ -5,7 +5,9 @@
 pub mod bench;
 pub mod chat;
 pub mod device_info;
+pub mod embed;
 pub mod generate;
+pub mod list;
 pub mod load;
 pub mod predict;
 pub mod pull;
@@ -23,13 +25,14 @@ use damascus_model::BackendKind;
 /// The `-m/--model` flag shared by every command that needs a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ModelArg {
-    /// Model: a GGUF path or an http(s) URL. Default: the cached default model, pulled on first use.
+    /// Model: a GGUF path, an http(s) URL or a known model name (`damascus list --known`).
+    /// Default: the cached default model, pulled on first use.
     #[arg(short = 'm', long = "model")]
     pub model: Option<String>,
 }
 
 impl ModelArg {
-    /// Resolve to a local GGUF path, fetching the default model or a URL if needed.
+    /// Resolve to a local GGUF path, fetching the default model, a named model or a URL if needed.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
         Ok(damascus_hub::resolve_model(self.model.as_deref())?)
     }
@@ -62,6 +65,23 @@ pub struct BackendArg {
     /// int8 kernels (also `DAMASCUS_REPACK=0`).
     #[arg(long)]
     pub no_repack: bool,
+}
+
+/// The CPU kernel settings given by the `DAMASCUS_*` variables (table in ARCHITECTURE.md),
+/// read once per process and installed process-wide (ISA level, prefetch, AMX knobs).
+pub fn kernel_settings() -> anyhow::Result<damascus_kernels::settings::KernelSettings> {
+    use damascus_kernels::settings::KernelSettings;
+    static SETTINGS: std::sync::OnceLock<Result<KernelSettings, String>> =
+        std::sync::OnceLock::new();
+    SETTINGS
+        .get_or_init(|| {
+            let s =
+                KernelSettings::from_vars(|k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+            s.install().map_err(|e| e.to_string())?;
+            Ok(s)
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 impl BackendArg {

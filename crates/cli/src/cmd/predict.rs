@@ -62,6 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_ctx: args.ctx_size,
         backend: args.backend.kind(args.reference, None)?,
         no_repack: args.backend.no_repack,
+        kernel: super::kernel_settings()?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

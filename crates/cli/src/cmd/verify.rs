@@ -44,6 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_ctx: Some(fixture.meta.ids.len().max(1)),
         backend: args.backend.kind(args.reference, None)?,
         no_repack: args.backend.no_repack,
+        kernel: super::kernel_settings()?,
         ..Default::default()
     };
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

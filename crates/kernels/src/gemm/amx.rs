@@ -42,22 +42,17 @@ use crate::quantdot::KernelError;
 /// 1280 KiB 3387 / 3951, 2048 KiB 3233 / 3396.
 pub(super) const PANEL_BYTES: usize = 640 << 10;
 
-/// Tuning knobs read once from the environment: panel bytes per unit
-/// (`DAMASCUS_AMX_PANEL_KIB`) and how many of the pool's threads take AMX units
-/// (`DAMASCUS_AMX_THREADS`, default all: on CPUs with two hardware threads per core the
-/// siblings share one tile unit and one L2).
+/// Tuning knobs, fixed once per process from the installed
+/// [`crate::settings::KernelSettings`]: panel bytes per unit (`amx_panel_kib`) and how many
+/// of the pool's threads take AMX units (`amx_threads`, default all: on CPUs with two
+/// hardware threads per core the siblings share one tile unit and one L2).
 fn knobs() -> (usize, usize) {
     static K: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
-        let var = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .filter(|&v| v > 0)
-        };
+        let (kib, threads) = crate::settings::installed_amx();
         (
-            var("DAMASCUS_AMX_PANEL_KIB").map_or(PANEL_BYTES, |v| v << 10),
-            var("DAMASCUS_AMX_THREADS").unwrap_or(usize::MAX),
+            kib.map_or(PANEL_BYTES, |v| v << 10),
+            threads.unwrap_or(usize::MAX),
         )
     })
 }

@@ -279,21 +279,9 @@ impl PackedActs {
         let n_tt = t_pad / TILE;
         match pool {
             Some(p) if p.n_threads() > 1 && n_tt > 1 => {
-                let nt = p.n_threads();
-                let mut chunks: Vec<std::sync::Mutex<(usize, &mut [u32])>> = Vec::new();
-                let mut rest = &mut data[..];
-                for t in 0..nt {
-                    let r = split_range(n_tt, 1, t, nt);
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * tile_words);
-                    rest = tail;
-                    chunks.push(std::sync::Mutex::new((r.start, head)));
-                }
-                p.run(&|t, _| {
-                    let mut g = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-                    let (first, ref mut dst) = *g;
-                    for (i, tile) in dst.chunks_exact_mut(tile_words).enumerate() {
-                        pack(first + i, tile);
-                    }
+                // One token tile per chunk, handed out over the pool.
+                p.for_each_chunk_mut(&mut data[..n_tt * tile_words], tile_words, &|tt, tile| {
+                    pack(tt, tile)
                 });
             }
             _ => {

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use super::dispatch::check_pair;
 use super::{Acts, DotKernels, KernelError, WeightType, kernels};
-use crate::pool::{ThreadPool, split_range};
+use crate::pool::{ThreadPool, chunk_len};
 
 /// Rows per scheduling unit (keeps chunks cache-line friendly in `out` and
 /// leaves room for interleaved-row layouts later).
@@ -59,11 +59,6 @@ fn check(wtype: WeightType, w: &[u8], a: Acts<'_>, n_rows: usize) -> Result<usiz
     Ok(rb)
 }
 
-/// Raw output pointer shared across pool threads, each writing disjoint rows.
-struct OutPtr(*mut f32);
-// SAFETY: used only to write disjoint index ranges from different threads.
-unsafe impl Sync for OutPtr {}
-
 /// GEMV `out = W · a` with `W`: `[out.len(), row_bytes]` u8, using the
 /// process-wide kernels and the pool's threads (or the caller only).
 pub fn gemv(
@@ -98,16 +93,12 @@ pub fn gemv_with(
     let Some(pool) = pool.filter(|p| p.n_threads() > 1) else {
         return gemv_rows(kern, wtype, w, a, 0..n, out);
     };
-    let dst = OutPtr(out.as_mut_ptr());
-    pool.run(&|t, nt| {
-        let rows = split_range(n, ROW_ALIGN, t, nt);
-        let dst = &dst;
-        for r in rows {
-            let v = kern.dot_unchecked_len(wtype, &w[r * rb..(r + 1) * rb], a);
-            // SAFETY: r < n = out.len(), and split_range gives each thread a
-            // disjoint row range, so no two threads write the same element;
-            // `out` outlives `pool.run`.
-            unsafe { *dst.0.add(r) = v };
+    // Chunks of rows handed out over the pool (a late thread costs one chunk).
+    let per = chunk_len(n, ROW_ALIGN, pool.n_threads());
+    pool.for_each_chunk_mut(out, per, &|c, o| {
+        for (i, v) in o.iter_mut().enumerate() {
+            let r = c * per + i;
+            *v = kern.dot_unchecked_len(wtype, &w[r * rb..(r + 1) * rb], a);
         }
     });
     Ok(())

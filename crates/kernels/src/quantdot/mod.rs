@@ -213,16 +213,11 @@ pub enum KernelError {
 pub const DEFAULT_PREFETCH: usize = 2048;
 
 /// Software-prefetch distance in bytes used by the SIMD kernels while they
-/// stream weights: `DAMASCUS_PREFETCH` (0 = off) or [`DEFAULT_PREFETCH`],
-/// read once.
+/// stream weights: [`crate::settings::KernelSettings::prefetch`] as installed (0 = off), or
+/// [`DEFAULT_PREFETCH`].
 pub fn prefetch_distance() -> usize {
     static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *D.get_or_init(|| {
-        std::env::var("DAMASCUS_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_PREFETCH)
-    })
+    *D.get_or_init(|| crate::settings::installed_prefetch().unwrap_or(DEFAULT_PREFETCH))
 }
 
 /// f16 bits to f32 (portable; the SIMD kernels use F16C).

@@ -31,15 +31,12 @@ use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
 use damascus_kernels::attn_prefill;
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
-use damascus_kernels::pool::{ThreadPool, physical_cores, split_range};
-use damascus_kernels::quantdot::{
-    self, ActType, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, DotKernels, Isa, QK, QK_K, WeightType,
-};
+use damascus_kernels::pool::{ThreadClamp, ThreadPool, chunk_len, physical_cores, split_range};
+use damascus_kernels::quantdot::{self, DotKernels, Isa, WeightType};
 use damascus_kernels::reference as k;
 use damascus_kernels::reference::AttnShape;
-use damascus_quant::dequantize_row;
 
-use super::profile::{OpProfile, weight_class};
+use super::profile::OpProfile;
 use super::reference::{HostAct, check_len, host_ops};
 use super::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
 
@@ -47,6 +44,9 @@ mod paged;
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
+use damascus_kernels::settings::KernelSettings;
+
+mod matmul;
 
 /// Tokens per prefill tile: each weight row is read once per tile.
 pub const TOKEN_TILE: usize = 8;
@@ -63,6 +63,8 @@ const ROW_ALIGN: usize = 16;
 /// The multithreaded SIMD CPU backend.
 pub struct CpuBackend {
     pool: ThreadPool,
+    /// Set where `-t` asked for more threads than the CPUs (reported in the load note).
+    clamp: Option<ThreadClamp>,
     kern: &'static DotKernels,
     /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
     gemm: Option<GemmPath>,
@@ -108,18 +110,28 @@ impl std::fmt::Debug for CpuBackend {
 
 impl CpuBackend {
     /// A backend running on `n_threads` threads (`None`: one per physical core), with the
-    /// process-wide kernel table ([`quantdot::kernels`], honouring `DAMASCUS_ISA`).
+    /// default [`KernelSettings`] and the process-wide kernel table ([`quantdot::kernels`]).
     pub fn new(n_threads: Option<usize>) -> CpuBackend {
-        let n = n_threads.filter(|&n| n > 0).unwrap_or_else(physical_cores);
+        CpuBackend::with_settings(n_threads, &KernelSettings::default())
+    }
+
+    /// A backend running on `n_threads` threads (`None`: one per physical core; more than
+    /// the CPUs this process may use are clamped, see [`CpuBackend::thread_clamp`]) with the
+    /// tuning `settings` (the process-wide ones, the ISA level among them, are those
+    /// [`KernelSettings::install`]ed, or the defaults).
+    pub fn with_settings(n_threads: Option<usize>, settings: &KernelSettings) -> CpuBackend {
+        let (pool, clamp) = match n_threads.filter(|&n| n > 0) {
+            Some(n) => ThreadPool::clamped(n),
+            None => (ThreadPool::new(physical_cores()), None),
+        };
         let kern = quantdot::kernels();
-        let gemm_off = std::env::var("DAMASCUS_GEMM").is_ok_and(|v| v.trim() == "0");
-        let gemm = (!gemm_off)
+        let gemm = settings
+            .gemm
             // The chosen level, not the dot table's (AMX shares the VNNI dot products).
             .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
             .filter(|p| p.is_available());
-        let int8_off = std::env::var("DAMASCUS_GEMM_INT8").is_ok_and(|v| v.trim() == "0");
         let int8 = match (gemm, kern.isa()) {
-            (_, _) if int8_off => None,
+            (_, _) if !settings.int8 => None,
             (Some(GemmPath::Avx512), Isa::Vnni) => Some(gemm::int8::Int8Path::Vnni),
             (Some(GemmPath::Avx512 | GemmPath::Avx2), Isa::Avx512 | Isa::Avx2) => {
                 Some(gemm::int8::Int8Path::Avx2)
@@ -127,10 +139,7 @@ impl CpuBackend {
             _ => None,
         }
         .filter(|p| p.is_available());
-        let attn_amx = gemm == Some(GemmPath::Amx)
-            && !std::env::var("DAMASCUS_ATTN_AMX").is_ok_and(|v| v.trim() == "0");
-        let repack_env = std::env::var("DAMASCUS_REPACK").ok();
-        let repack_env = repack_env.as_deref().map(str::trim);
+        let attn_amx = gemm == Some(GemmPath::Amx) && settings.attn_amx;
         // AMX CPUs repack too (measured on a 2-core AMX VM, `-t 2`, synthetic 3B Q4_K_M:
         // tg128 +11 %, pp512 +6 % over the file layout; BENCHMARKS.md, 2026-12-06).
         let packed_path = int8.or_else(|| {
@@ -138,19 +147,26 @@ impl CpuBackend {
                 .then_some(gemm::int8::Int8Path::Vnni)
                 .filter(|p| p.is_available())
         });
-        let repack = packed_path.is_some() && repack_env != Some("0");
+        let repack = packed_path.is_some() && settings.repack;
         CpuBackend {
-            pool: ThreadPool::new(n),
+            pool,
+            clamp,
             kern,
             gemm,
             int8,
             attn_amx,
-            prof: OpProfile::from_env(),
+            prof: settings.profile.then(OpProfile::default),
             gemm_bufs: Mutex::new((None, None)),
             packed_path,
             repack,
             repacked: Mutex::new((0, 0, 0.0)),
         }
+    }
+
+    /// The thread count asked for and the one used, where it was more than the CPUs this
+    /// process may use.
+    pub fn thread_clamp(&self) -> Option<ThreadClamp> {
+        self.clamp
     }
 
     /// Runs `f`, timed under `key` when profiling.
@@ -330,649 +346,10 @@ impl FirstError {
     }
 }
 
-/// Per matrix, per thread: a `[n_tokens, rows.len()]` buffer for that thread's row range of a
-/// few-token row split (the ranges of `chunks`).
-fn row_buffers(chunks: &[Vec<Chunk<'_, f32>>], n_tokens: usize) -> Vec<Vec<Mutex<Vec<f32>>>> {
-    chunks
-        .iter()
-        .map(|c| {
-            c.iter()
-                .map(|(r, _)| Mutex::new(vec![0.0; r.len() * n_tokens]))
-                .collect()
-        })
-        .collect()
-}
-
-/// Copies the [`row_buffers`] of a few-token row split (rows cut by
-/// `split_range(rows, align, t, nt)`) into the `[n_tokens, rows]` outputs.
-fn gather_rows(
-    ws: &[&CpuMatrix],
-    outs: &mut [&mut HostAct],
-    few: Vec<Vec<Mutex<Vec<f32>>>>,
-    n_tokens: usize,
-    align: usize,
-    nt: usize,
-) {
-    for ((w, o), bufs) in ws.iter().zip(outs.iter_mut()).zip(few) {
-        for (t, buf) in bufs.into_iter().enumerate() {
-            let buf = buf.into_inner().unwrap_or_else(|p| p.into_inner());
-            let r = split_range(w.rows, align, t, nt);
-            for tok in 0..n_tokens {
-                o.data[tok * w.rows + r.start..tok * w.rows + r.end]
-                    .copy_from_slice(&buf[tok * r.len()..(tok + 1) * r.len()]);
-            }
-        }
-    }
-}
-
-/// Quantized activations of `n_tokens` rows, one block vector per row laid end to end.
-enum QActs {
-    K(Vec<BlockQ8K>),
-    Q0(Vec<BlockQ8_0>),
-    Q1(Vec<BlockQ8_1>),
-}
-
-impl QActs {
-    /// Row `t` of `nb` blocks.
-    fn row(&self, t: usize, nb: usize) -> Acts<'_> {
-        match self {
-            QActs::K(b) => Acts::Q8K(&b[t * nb..(t + 1) * nb]),
-            QActs::Q0(b) => Acts::Q8_0(&b[t * nb..(t + 1) * nb]),
-            QActs::Q1(b) => Acts::Q8_1(&b[t * nb..(t + 1) * nb]),
-        }
-    }
-}
-
-/// One matmul input: the f32 rows and, per activation type some weight needs, their
-/// quantization.
-struct Input<'a> {
-    /// `[n_tokens, k]` f32.
-    x: &'a [f32],
-    k: usize,
-    q8k: Option<QActs>,
-    q80: Option<QActs>,
-    q81: Option<QActs>,
-}
-
-impl Input<'_> {
-    fn acts(&self, at: ActType, t: usize) -> Option<Acts<'_>> {
-        let (q, qk) = match at {
-            ActType::Q8_K => (&self.q8k, QK_K),
-            ActType::Q8_0 => (&self.q80, QK),
-            ActType::Q8_1 => (&self.q81, QK),
-        };
-        q.as_ref().map(|q| q.row(t, self.k / qk))
-    }
-}
-
 impl CpuBackend {
-    /// Quantizes `x` (`[n_tokens, k]` f32) to `at`, split by tokens when there are several.
-    fn quantize(&self, x: &[f32], k: usize, at: ActType) -> Result<QActs, ModelError> {
-        fn run<B: Copy + Send>(
-            be: &CpuBackend,
-            x: &[f32],
-            k: usize,
-            qk: usize,
-            zero: B,
-            f: fn(&[f32], &mut [B]) -> Result<(), quantdot::KernelError>,
-        ) -> Result<Vec<B>, ModelError> {
-            let nb = k / qk;
-            let n_tokens = x.len() / k;
-            let mut out = vec![zero; n_tokens * nb]; // [n_tokens, k / qk] blocks
-            if n_tokens < 2 * be.pool.n_threads() {
-                f(x, &mut out).map_err(|e| kernel_err("activation quantization", e))?;
-                return Ok(out);
-            }
-            let chunks = split_mut(&mut out, nb, 1, be.pool.n_threads());
-            let err = FirstError::default();
-            be.pool.run(&|t, _| {
-                let (r, chunk) = &chunks[t];
-                let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
-                if let Err(e) = f(&x[r.start * k..r.end * k], &mut g) {
-                    err.set(kernel_err("activation quantization", e));
-                }
-            });
-            drop(chunks);
-            err.into_result()?;
-            Ok(out)
-        }
-        if !k.is_multiple_of(QK) || (at == ActType::Q8_K && !k.is_multiple_of(QK_K)) {
-            return Err(ModelError::Tensor {
-                what: format!("matmul: row length {k} is not a whole number of {at:?} blocks"),
-            });
-        }
-        Ok(match at {
-            ActType::Q8_K => QActs::K(run(
-                self,
-                x,
-                k,
-                QK_K,
-                BlockQ8K::ZERO,
-                quantdot::quantize_q8_k,
-            )?),
-            ActType::Q8_0 => QActs::Q0(run(
-                self,
-                x,
-                k,
-                QK,
-                BlockQ8_0::ZERO,
-                quantdot::quantize_q8_0,
-            )?),
-            ActType::Q8_1 => QActs::Q1(run(
-                self,
-                x,
-                k,
-                QK,
-                BlockQ8_1::ZERO,
-                quantdot::quantize_q8_1,
-            )?),
-        })
-    }
-
-    /// Prepares `x` for every matrix in `ws` (quantizing once per activation type).
-    fn input<'a>(&self, x: &'a HostAct, ws: &[&CpuMatrix]) -> Result<Input<'a>, ModelError> {
-        let mut inp = Input {
-            x: &x.data,
-            k: x.width,
-            q8k: None,
-            q80: None,
-            q81: None,
-        };
-        for w in ws {
-            if x.width != w.cols {
-                return Err(ModelError::Tensor {
-                    what: format!(
-                        "matmul: x row has {} elements, {} has {} columns",
-                        x.width,
-                        w.tensor.name(),
-                        w.cols
-                    ),
-                });
-            }
-            if let MatKind::Quant(wt) = w.kind {
-                let at = wt.act_type();
-                let slot = match at {
-                    ActType::Q8_K => &mut inp.q8k,
-                    ActType::Q8_0 => &mut inp.q80,
-                    ActType::Q8_1 => &mut inp.q81,
-                };
-                if slot.is_none() {
-                    *slot = Some(self.quantize(&x.data, x.width, at)?);
-                }
-            }
-        }
-        Ok(inp)
-    }
-
-    /// `out[(t - tokens.start) * stride + (r - rows.start)] = W[r] · x[t]` for `r` in `rows`,
-    /// `t` in `tokens`, on the calling thread. `w`: the matrix bytes, `scratch`: f32 row
-    /// buffer for dequantized types.
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &self,
-        m: &CpuMatrix,
-        w: &[u8],
-        inp: &Input<'_>,
-        rows: Range<usize>,
-        tokens: Range<usize>,
-        out: &mut [f32],
-        stride: usize,
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        let rb = m.row_bytes;
-        match m.kind {
-            MatKind::Quant(wt) => {
-                let at = wt.act_type();
-                let mut t0 = tokens.start;
-                while t0 < tokens.end {
-                    let t1 = (t0 + TOKEN_TILE).min(tokens.end);
-                    for r in rows.clone() {
-                        let wr = &w[r * rb..(r + 1) * rb];
-                        for t in t0..t1 {
-                            let a = inp.acts(at, t).ok_or_else(|| ModelError::Tensor {
-                                what: format!("matmul: {at:?} activations missing"),
-                            })?;
-                            out[(t - tokens.start) * stride + (r - rows.start)] =
-                                self.kern.dot_unchecked_len(wt, wr, a);
-                        }
-                    }
-                    t0 = t1;
-                }
-            }
-            MatKind::Dequant => {
-                let kk = inp.k;
-                scratch.resize(kk, 0.0); // [k] f32 one dequantized weight row
-                for r in rows.clone() {
-                    dequantize_row(m.dtype, &w[r * rb..(r + 1) * rb], scratch).map_err(|e| {
-                        ModelError::Tensor {
-                            what: format!("matmul: {} row {r}: {e}", m.tensor.name()),
-                        }
-                    })?;
-                    for t in tokens.clone() {
-                        out[(t - tokens.start) * stride + (r - rows.start)] =
-                            dot_f32(scratch, &inp.x[t * kk..(t + 1) * kk]);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// `outs[i] = x · ws[i]ᵀ` for every `i`, in one fork/join; `swiglu` applies
-    /// `outs[0] = silu(outs[0]) * outs[1]` in the same pass.
-    fn matmuls(
-        &self,
-        ws: &[&CpuMatrix],
-        x: &HostAct,
-        outs: &mut [&mut HostAct],
-        swiglu: bool,
-    ) -> Result<(), ModelError> {
-        let n_tokens = x.n_tokens;
-        for (w, o) in ws.iter().zip(outs.iter()) {
-            if o.width != w.rows || o.n_tokens != n_tokens || o.data.len() != n_tokens * w.rows {
-                return Err(ModelError::Tensor {
-                    what: format!(
-                        "matmul: out is [{}, {}], expected [{n_tokens}, {}] ({})",
-                        o.n_tokens,
-                        o.width,
-                        w.rows,
-                        w.tensor.name()
-                    ),
-                });
-            }
-        }
-        if ws.iter().any(|w| w.packed.is_some()) {
-            if ws.iter().all(|w| w.packed.is_some() && w.cols == x.width) {
-                return self.packed_matmuls(ws, x, outs, swiglu);
-            }
-            // A mix: each matrix on its own path, the SwiGLU after.
-            for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                self.matmuls(&[*w], x, &mut [&mut **o], false)?;
-            }
-            if swiglu {
-                let (g, rest) = outs.split_at_mut(1);
-                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
-            }
-            return Ok(());
-        }
-        if let Some(path) = self.gemm.filter(|_| n_tokens >= GEMM_MIN_TOKENS)
-            && ws.iter().all(|w| w.gemm_ok && w.cols == x.width)
-        {
-            return self.gemm_matmuls(path, ws, x, outs, swiglu);
-        }
-        let key = || {
-            let names: Vec<&str> = ws.iter().map(|w| weight_class(w.tensor.name())).collect();
-            format!("dot {}", names.join("+"))
-        };
-        self.timed(key, || self.dot_matmuls(ws, x, outs, swiglu))
-    }
-
-    /// [`CpuBackend::matmuls`] through the per-token dot products.
-    fn dot_matmuls(
-        &self,
-        ws: &[&CpuMatrix],
-        x: &HostAct,
-        outs: &mut [&mut HostAct],
-        swiglu: bool,
-    ) -> Result<(), ModelError> {
-        let n_tokens = x.n_tokens;
-        let inp = self.input(x, ws)?;
-        let views = ws
-            .iter()
-            .map(|w| w.tensor.view())
-            .collect::<Result<Vec<_>, _>>()?;
-        let bytes = views
-            .iter()
-            .map(|v| v.bytes())
-            .collect::<Result<Vec<_>, _>>()?;
-        let nt = self.pool.n_threads();
-        // Decode-sized inputs split rows; prompts split tokens.
-        let by_rows = n_tokens < 2 * nt;
-        // Per matrix, per thread: (range of rows or tokens, output chunk).
-        let chunks: Vec<Vec<Chunk<'_, f32>>> = ws
-            .iter()
-            .zip(outs.iter_mut())
-            .map(|(w, o)| {
-                if by_rows && n_tokens == 1 {
-                    split_mut(&mut o.data, 1, ROW_ALIGN, nt)
-                } else if by_rows {
-                    // A handful of tokens: each thread gets all of them and a share of the
-                    // rows, which are strided in the output; gathered below.
-                    (0..nt)
-                        .map(|t| {
-                            (
-                                split_range(w.rows, ROW_ALIGN, t, nt),
-                                Mutex::new(&mut [][..]),
-                            )
-                        })
-                        .collect()
-                } else {
-                    split_mut(&mut o.data, w.rows, 1, nt)
-                }
-            })
-            .collect();
-        // Few-token row splits write into per-thread [n_tokens, rows_t] buffers first.
-        let few = if by_rows && n_tokens > 1 {
-            row_buffers(&chunks, n_tokens)
-        } else {
-            Vec::new()
-        };
-        let err = FirstError::default();
-        self.pool.run(&|t, _| {
-            let mut scratch = Vec::new();
-            for (i, w) in ws.iter().enumerate() {
-                let (range, chunk) = &chunks[i][t];
-                let res = if by_rows && n_tokens > 1 {
-                    let mut g = few[i][t].lock().unwrap_or_else(|p| p.into_inner());
-                    self.block(
-                        w,
-                        bytes[i],
-                        &inp,
-                        range.clone(),
-                        0..n_tokens,
-                        &mut g,
-                        range.len(),
-                        &mut scratch,
-                    )
-                } else {
-                    let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
-                    let (rows, tokens, stride) = if by_rows {
-                        (range.clone(), 0..1, range.len())
-                    } else {
-                        (0..w.rows, range.clone(), w.rows)
-                    };
-                    self.block(
-                        w,
-                        bytes[i],
-                        &inp,
-                        rows,
-                        tokens,
-                        &mut g,
-                        stride,
-                        &mut scratch,
-                    )
-                };
-                if let Err(e) = res {
-                    err.set(e);
-                    return;
-                }
-            }
-            if swiglu && !(by_rows && n_tokens > 1) {
-                let mut g = chunks[0][t].1.lock().unwrap_or_else(|p| p.into_inner());
-                let u = chunks[1][t].1.lock().unwrap_or_else(|p| p.into_inner());
-                damascus_kernels::elementwise::swiglu(&mut g, &u);
-            }
-        });
-        drop(chunks);
-        err.into_result()?;
-        if by_rows && n_tokens > 1 {
-            gather_rows(ws, outs, few, n_tokens, ROW_ALIGN, nt);
-            if swiglu {
-                let (g, rest) = outs.split_at_mut(1);
-                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
-            }
-        }
-        Ok(())
-    }
-}
-
-impl CpuBackend {
-    /// [`CpuBackend::matmuls`] on repacked matrices: `x` quantized (or, for AMX, packed as
-    /// bf16) once; prompts through [`PackedMatrix::gemm`] ([`PackedMatrix::gemm_amx`] on AMX
-    /// CPUs), decode (and short inputs) split by 32-row panels
-    /// over the threads in one fork/join for every matrix, gate/up with the SwiGLU in the same
-    /// pass.
-    fn packed_matmuls(
-        &self,
-        ws: &[&CpuMatrix],
-        x: &HostAct,
-        outs: &mut [&mut HostAct],
-        swiglu: bool,
-    ) -> Result<(), ModelError> {
-        let n = x.n_tokens;
-        let Some(path) = self.packed_path else {
-            unreachable!("matrices are repacked only with a packed path")
-        };
-        fn packed(w: &CpuMatrix) -> &PackedMatrix {
-            w.packed
-                .as_ref()
-                .unwrap_or_else(|| unreachable!("checked by the caller"))
-        }
-        let pool = Some(&self.pool);
-        if n >= GEMM_MIN_TOKENS && self.gemm == Some(GemmPath::Amx) {
-            let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let xp = self.bf16_acts(&mut bufs.0, GemmPath::Amx, x)?;
-            for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let key = || {
-                    let class = weight_class(w.tensor.name());
-                    format!("gemm {class} {:?} packed amx", w.dtype)
-                };
-                self.timed(key, || packed(w).gemm_amx(xp, &mut o.data, pool))
-                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
-            }
-            drop(bufs);
-            if swiglu {
-                self.swiglu_rows(outs);
-            }
-            return Ok(());
-        }
-        if n >= GEMM_MIN_TOKENS && self.gemm.is_some() {
-            let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let xq = self.int8_acts(&mut bufs.1, x)?;
-            for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let key = || {
-                    let class = weight_class(w.tensor.name());
-                    format!("gemm {class} {:?} packed {}", w.dtype, path.name())
-                };
-                self.timed(key, || packed(w).gemm(path, xq, &mut o.data, pool))
-                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
-            }
-            drop(bufs);
-            if swiglu {
-                self.swiglu_rows(outs);
-            }
-            return Ok(());
-        }
-        let key = || {
-            let names: Vec<&str> = ws.iter().map(|w| weight_class(w.tensor.name())).collect();
-            format!("gemv {} packed", names.join("+"))
-        };
-        self.timed(key, || {
-            // Small: a fresh buffer, so concurrent sequences never wait on a shared one.
-            let xq = gemm::int8::QActs::new(&x.data, n, x.width, pool)
-                .map_err(|e| kernel_err("int8 activations", e))?;
-            let nt = self.pool.n_threads();
-            let rows = gemm::int8::ROWS;
-            // Per matrix, per thread: (rows, [n, rows.len()] output: the matrix's own chunk for
-            // one token, a buffer gathered below for several).
-            let chunks: Vec<Vec<Chunk<'_, f32>>> = ws
-                .iter()
-                .zip(outs.iter_mut())
-                .map(|(w, o)| {
-                    if n == 1 {
-                        split_mut(&mut o.data, 1, rows, nt)
-                    } else {
-                        (0..nt)
-                            .map(|t| (split_range(w.rows, rows, t, nt), Mutex::new(&mut [][..])))
-                            .collect()
-                    }
-                })
-                .collect();
-            let few = if n > 1 {
-                row_buffers(&chunks, n)
-            } else {
-                Vec::new()
-            };
-            let fuse = swiglu && n == 1 && ws[0].rows == ws[1].rows;
-            let err = FirstError::default();
-            self.pool.run(&|t, _| {
-                for (i, w) in ws.iter().enumerate() {
-                    let (r, chunk) = &chunks[i][t];
-                    let panels = r.start / rows..r.end / rows;
-                    let res = if n == 1 {
-                        let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
-                        packed(w).gemv_panels(path, &xq, panels, &mut g, r.len())
-                    } else {
-                        let mut g = few[i][t].lock().unwrap_or_else(|p| p.into_inner());
-                        packed(w).gemv_panels(path, &xq, panels, &mut g, r.len())
-                    };
-                    if let Err(e) = res {
-                        err.set(kernel_err(w.tensor.name(), e));
-                        return;
-                    }
-                }
-                if fuse {
-                    let mut g = chunks[0][t].1.lock().unwrap_or_else(|p| p.into_inner());
-                    let u = chunks[1][t].1.lock().unwrap_or_else(|p| p.into_inner());
-                    damascus_kernels::elementwise::swiglu(&mut g, &u);
-                }
-            });
-            drop(chunks);
-            err.into_result()?;
-            if n > 1 {
-                gather_rows(ws, outs, few, n, rows, nt);
-            }
-            if swiglu && !fuse {
-                let (g, rest) = outs.split_at_mut(1);
-                damascus_kernels::elementwise::swiglu(&mut g[0].data, &rest[0].data);
-            }
-            Ok(())
-        })
-    }
-
-    /// `x` quantized for the int8 kernels into `slot`, kept between matmuls (fresh pages for
-    /// every input cost more than quantizing it).
-    fn int8_acts<'s>(
-        &self,
-        slot: &'s mut Option<gemm::int8::QActs>,
-        x: &HostAct,
-    ) -> Result<&'s gemm::int8::QActs, ModelError> {
-        let (pool, n, k) = (Some(&self.pool), x.n_tokens, x.width);
-        let r = self.timed(
-            || "int8 acts (quantize)".into(),
-            || match &mut *slot {
-                Some(q) => q.requantize(&x.data, n, k, pool),
-                s @ None => gemm::int8::QActs::new(&x.data, n, k, pool).map(|q| *s = Some(q)),
-            },
-        );
-        r.map_err(|e| kernel_err("int8 gemm input", e))?;
-        Ok(slot
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("quantized above")))
-    }
-
-    /// `x` packed as bf16 for the GEMM `path` into `slot`, kept between matmuls.
-    fn bf16_acts<'s>(
-        &self,
-        slot: &'s mut Option<PackedActs>,
-        path: GemmPath,
-        x: &HostAct,
-    ) -> Result<&'s PackedActs, ModelError> {
-        let (pool, n, k) = (Some(&self.pool), x.n_tokens, x.width);
-        let r = self.timed(
-            || "bf16 acts (pack)".into(),
-            || match &mut *slot {
-                Some(p) => p.repack(&x.data, n, k, pool),
-                s @ None => PackedActs::for_path(path, &x.data, n, k, pool).map(|p| *s = Some(p)),
-            },
-        );
-        r.map_err(|e| kernel_err("gemm input", e))?;
-        Ok(slot
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("packed above")))
-    }
-
-    /// `outs[0] = silu(outs[0]) · outs[1]`, split by tokens.
-    fn swiglu_rows(&self, outs: &mut [&mut HostAct]) {
-        let (g, rest) = outs.split_at_mut(1);
-        let (gate, up) = (&mut *g[0], &*rest[0]);
-        self.timed(
-            || "swiglu".into(),
-            || {
-                self.par_rows(&mut gate.data, gate.width, &|r, chunk| {
-                    damascus_kernels::elementwise::swiglu(
-                        chunk,
-                        &up.data[r.start * up.width..r.end * up.width],
-                    );
-                })
-            },
-        );
-    }
-}
-
-impl CpuBackend {
-    /// [`CpuBackend::matmuls`] through the prefill GEMM: `x` packed once, one GEMM per matrix.
-    fn gemm_matmuls(
-        &self,
-        path: GemmPath,
-        ws: &[&CpuMatrix],
-        x: &HostAct,
-        outs: &mut [&mut HostAct],
-        swiglu: bool,
-    ) -> Result<(), ModelError> {
-        // Both operand forms made at most once per call, on first need, in buffers kept
-        // between calls (fresh pages for every input cost more than packing it).
-        let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut p_fresh, mut q_fresh) = (false, false);
-        for (w, o) in ws.iter().zip(outs.iter_mut()) {
-            let view = w.tensor.view()?;
-            let wr = WeightRef {
-                dtype: w.dtype,
-                bytes: view.bytes()?,
-                rows: w.rows,
-                cols: w.cols,
-            };
-            if let Some(i8path) = self.int8.filter(|p| p.supports(w.dtype))
-                && gemm::int8::unsupported(&wr).is_none()
-            {
-                if !q_fresh {
-                    self.int8_acts(&mut bufs.1, x)?;
-                    q_fresh = true;
-                }
-                let Some(xq) = &bufs.1 else {
-                    unreachable!("quantized above")
-                };
-                let key = || {
-                    format!(
-                        "gemm {} {:?} {}",
-                        weight_class(w.tensor.name()),
-                        w.dtype,
-                        i8path.name()
-                    )
-                };
-                self.timed(key, || {
-                    gemm::int8::gemm_i8(i8path, wr, xq, &mut o.data, Some(&self.pool))
-                })
-                .map_err(|e| kernel_err(w.tensor.name(), e))?;
-                continue;
-            }
-            if !p_fresh {
-                self.bf16_acts(&mut bufs.0, path, x)?;
-                p_fresh = true;
-            }
-            let Some(xp) = &bufs.0 else {
-                unreachable!("packed above")
-            };
-            let key = || {
-                format!(
-                    "gemm {} {:?} {path:?}",
-                    weight_class(w.tensor.name()),
-                    w.dtype
-                )
-            };
-            self.timed(key, || {
-                gemm::gemm(path, wr, xp, &mut o.data, Some(&self.pool))
-            })
-            .map_err(|e| kernel_err(w.tensor.name(), e))?;
-        }
-        if swiglu {
-            self.swiglu_rows(outs);
-        }
-        Ok(())
-    }
-
-    /// Runs `f(tokens, rows)` over `data` (`[n_tokens, width]` f32) cut into one chunk of whole
-    /// tokens per thread, in parallel when there are at least two tokens per thread.
+    /// Runs `f(tokens, rows)` over `data` (`[n_tokens, width]` f32) cut into chunks of whole
+    /// tokens handed out over the pool, in parallel when there are at least two tokens per
+    /// thread.
     fn par_rows(
         &self,
         data: &mut [f32],
@@ -984,12 +361,12 @@ impl CpuBackend {
         if n_tokens < 2 * nt {
             return f(0..n_tokens, data);
         }
-        let chunks = split_mut(data, width, 1, nt);
-        self.pool.run(&|t, _| {
-            let (r, chunk) = &chunks[t];
-            let mut g = chunk.lock().unwrap_or_else(|p| p.into_inner());
-            f(r.clone(), &mut g);
-        });
+        let per = chunk_len(n_tokens, 1, nt);
+        self.pool
+            .for_each_chunk_mut(data, per * width, &|c, chunk| {
+                let t0 = c * per;
+                f(t0..t0 + chunk.len() / width, chunk)
+            });
     }
 
     /// Attention of every token of `q` (`[n_tokens, n_head * hd]` f32, token t at `pos0 + t`)
@@ -1102,7 +479,7 @@ impl Backend for CpuBackend {
             (Some(GemmPath::Amx), Some(p)) => format!("amx prompts + {} decode", p.name()),
             (_, p) => p.map_or("", |p| p.name()).to_string(),
         };
-        match *g {
+        let note = match *g {
             (0, _, _) if self.packed_path.is_some() && !self.repack => {
                 Some("weights kept in the file layout (repacking off)".into())
             }
@@ -1111,6 +488,11 @@ impl Backend for CpuBackend {
                 "repacked {n} tensors ({:.2} GiB) for {path} in {secs:.2} s",
                 bytes as f64 / f64::from(1u32 << 30)
             )),
+        };
+        match (self.clamp, note) {
+            (Some(c), Some(n)) => Some(format!("{c} · {n}")),
+            (Some(c), None) => Some(c.to_string()),
+            (None, n) => n,
         }
     }
 

@@ -18,10 +18,10 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use damascus_cuda::{DevAct, DevKv, DevMatrix, DevVec, Gpu};
+use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 
-use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams, unsupported};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
@@ -68,6 +68,15 @@ impl CudaBackend {
         let dev = Arc::new(self.gpu.upload_f32(&rope.inv_freq)?);
         *slot = Some((rope.inv_freq.clone(), Arc::clone(&dev)));
         Ok(dev)
+    }
+}
+
+/// The device attention's options for one layer: scores scaled by `1/sqrt(head_dim)` (the
+/// decoder scales q itself where a family overrides that), and the layer's window.
+fn params(attn: AttnSpec) -> AttnParams {
+    AttnParams {
+        scale: None,
+        window: attn.window.unwrap_or(0),
     }
 }
 
@@ -197,11 +206,10 @@ impl Backend for CudaBackend {
         v: &DevAct,
         out: &mut DevAct,
     ) -> Result<(), ModelError> {
-        if attn.clips(pos0 + q.n.max(1) - 1) {
-            return Err(unsupported(self.name(), "sliding-window attention"));
-        }
         let kv = self.kv(cache, attn.shape)?;
-        Ok(self.gpu.attention(kv, layer, pos0, q, k, v, out)?)
+        Ok(self
+            .gpu
+            .rope_attention_with(kv, layer, pos0, q, k, v, out, None, params(attn))?)
     }
 
     fn rope_attention(
@@ -216,16 +224,13 @@ impl Backend for CudaBackend {
         v: &DevAct,
         out: &mut DevAct,
     ) -> Result<(), ModelError> {
-        if attn.clips(pos0 + q.n.max(1) - 1) {
-            return Err(unsupported(self.name(), "sliding-window attention"));
-        }
-        let shape = attn.shape;
         let inv = self.inv_freq(rope)?;
         let neox = rope.layout == RopeLayout::Neox;
-        let kv = self.kv(cache, shape)?;
+        let kv = self.kv(cache, attn.shape)?;
+        let rope = Some((&*inv, neox));
         Ok(self
             .gpu
-            .rope_attention(kv, layer, pos0, q, k, v, out, Some((&inv, neox)))?)
+            .rope_attention_with(kv, layer, pos0, q, k, v, out, rope, params(attn))?)
     }
 
     fn matmul_add(
@@ -269,6 +274,32 @@ impl Backend for CudaBackend {
 
     fn swiglu(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), ModelError> {
         Ok(self.gpu.swiglu(gate, up)?)
+    }
+
+    fn geglu(&self, gate: &mut DevAct, up: &DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.geglu(gate, up)?)
+    }
+
+    fn add_bias(&self, x: &mut DevAct, b: &DevVec) -> Result<(), ModelError> {
+        Ok(self.gpu.add_bias(x, b)?)
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut DevAct,
+        w: &DevVec,
+        eps: f32,
+        head_dim: usize,
+    ) -> Result<(), ModelError> {
+        Ok(self.gpu.rms_norm_heads(x, w, eps, head_dim)?)
+    }
+
+    fn scale(&self, x: &mut DevAct, s: f32) -> Result<(), ModelError> {
+        Ok(self.gpu.scale(x, s)?)
+    }
+
+    fn softcap(&self, x: &mut DevAct, cap: f32) -> Result<(), ModelError> {
+        Ok(self.gpu.softcap(x, cap)?)
     }
 
     fn add(&self, x: &mut DevAct, y: &DevAct) -> Result<(), ModelError> {

@@ -1,5 +1,5 @@
 //! A per-op wall-clock profile for synchronous (host) backends, switched on with
-//! `DAMASCUS_PROFILE=1`: each op adds its elapsed time under a key (op, weight class, prompt or
+//! [`damascus_kernels::settings::KernelSettings::profile`] (`DAMASCUS_PROFILE=1` in the CLI): each op adds its elapsed time under a key (op, weight class, prompt or
 //! decode), and the table is printed to stderr when the backend is dropped. A dev tool: the
 //! clock reads cost ≈ 50 ns an op, nothing when it is off.
 
@@ -18,13 +18,6 @@ pub struct OpProfile {
 }
 
 impl OpProfile {
-    /// `Some` when `DAMASCUS_PROFILE=1`.
-    pub fn from_env() -> Option<OpProfile> {
-        std::env::var("DAMASCUS_PROFILE")
-            .is_ok_and(|v| v.trim() == "1")
-            .then(OpProfile::default)
-    }
-
     /// Starts a forward pass of `n_tokens` (a prompt: more than one); the ops until the next
     /// pass count under its kind (the prompt's one-row LM head too).
     pub fn pass(&self, n_tokens: usize) {

@@ -1,0 +1,259 @@
+//! The device: context, stream, the NVRTC-compiled kernels and cuBLAS ([`Gpu`]), split into
+//!
+//! * [`launch`]: a typed launch struct per kernel (a wrong argument fails to compile);
+//! * `buffers`: device buffers, weights, activations and the KV cache;
+//! * `recorder`: the op recorder, flushes and decode graphs;
+//! * `profile`: per-op GPU times (`DAMASCUS_CUDA_PROFILE=1`);
+//! * `ops` and `attention`: the ops the model's backend records.
+//!
+//! Ops are not launched when called: they are *recorded* (kernel, grid, arguments) and run at
+//! the next flush: [`Gpu::read`] (a host read needs the results) or [`Gpu::end`] (the end of a
+//! forward pass). A one-token forward pass whose ops are flushed all at once becomes a CUDA
+//! graph: the recorded list is hashed, and a list seen before replays its instantiated graph
+//! instead of launching ~300 kernels one by one. Positions and token ids reach the kernels
+//! through a small device `inputs` buffer written before the flush, so the same graph serves
+//! every decode step of a sequence.
+
+mod attention;
+mod buffers;
+pub(crate) mod launch;
+mod ops;
+mod profile;
+mod recorder;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+
+pub use attention::{AttnParams, decode_chunk};
+pub use buffers::{DevAct, DevBuf, DevKv, DevMatrix, DevVec};
+
+use crate::error::CudaError;
+use launch::KERNELS;
+use profile::Profile;
+use recorder::Recorder;
+
+/// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
+/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers) and
+/// `flash.cu` (the tensor-core prompt attention).
+pub const SOURCE: &str = concat!(
+    include_str!("../../kernels/damascus.cu"),
+    include_str!("../../kernels/mmq.cu"),
+    include_str!("../../kernels/flash.cu")
+);
+
+/// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
+/// dequantized to bf16 once, on first use), or with `DAMASCUS_CUDA_MMQ=1` through the int8
+/// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
+pub const GEMM_MIN_TOKENS: usize = 16;
+
+/// Decode graphs kept per device (one per live sequence, in practice).
+const MAX_GRAPHS: usize = 16;
+
+fn call<E: std::fmt::Display>(op: &str) -> impl FnOnce(E) -> CudaError + '_ {
+    move |e| CudaError::call(op, e)
+}
+
+/// One CUDA device with the kernels loaded. Ops are recorded under a mutex; concurrent
+/// forward passes on one `Gpu` must be serialized by the caller (the backend does).
+pub struct Gpu {
+    _ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    funcs: Vec<CudaFunction>,
+    index: HashMap<&'static str, usize>,
+    blas: CudaBlas,
+    rec: Mutex<Recorder>,
+    graphs_enabled: AtomicBool,
+    /// `DAMASCUS_CUDA_MMQ=1`: prompt matmuls run the int8 MMQ kernels on the quantized weights
+    /// instead of cuBLAS on a bf16 copy (where the format has one and the shape fits).
+    mmq_enabled: AtomicBool,
+    /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
+    flash_enabled: AtomicBool,
+    /// The device gave every flash kernel its shared memory.
+    flash_ok: bool,
+    /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
+    profile: Option<Mutex<Profile>>,
+    /// Device name.
+    pub name: String,
+    /// Compute capability.
+    pub compute_capability: (i32, i32),
+    /// Total device memory in bytes.
+    pub total_mem: usize,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let p = p.lock().unwrap_or_else(|p| p.into_inner());
+            eprint!("{}", p.report());
+        }
+    }
+}
+
+fn cache_path(arch: &str) -> Option<PathBuf> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(SOURCE.as_bytes());
+    h.update(arch.as_bytes());
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints; NVRTC was found loadable before this runs.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    h.update(format!("nvrtc {major}.{minor}").as_bytes());
+    let hex: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = damascus_hub::cache_dir().ok()?.join("cuda");
+    Some(dir.join(format!("damascus-{arch}-{hex}.ptx")))
+}
+
+/// PTX for `arch`, from the disk cache or NVRTC.
+fn ptx_for(arch: &'static str) -> Result<String, CudaError> {
+    let path = cache_path(arch);
+    if let Some(p) = &path
+        && let Ok(s) = std::fs::read_to_string(p)
+    {
+        return Ok(s);
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            CudaError::Compile(log.to_string_lossy().into_owned())
+        }
+        other => CudaError::Compile(format!("{other:?}")),
+    })?;
+    let src = ptx.to_src();
+    if let Some(p) = &path
+        && let Some(dir) = p.parent()
+        && std::fs::create_dir_all(dir).is_ok()
+    {
+        // Write then rename: a concurrent reader never sees half a file.
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &src).is_ok() {
+            let _ = std::fs::rename(&tmp, p);
+        }
+    }
+    Ok(src)
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: checks that the driver, NVRTC and cuBLAS libraries load,
+    /// creates a context and stream, and compiles (or loads from the disk cache) the kernels.
+    /// Any missing piece is [`CudaError::NoDevice`]; this never panics.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        match std::panic::catch_unwind(|| Self::open_inner(ordinal)) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a CUDA library call panicked".into());
+                Err(CudaError::NoDevice(msg))
+            }
+        }
+    }
+
+    fn open_inner(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        // SAFETY: these only try to dlopen the libraries; no CUDA state is touched.
+        let (drv, rtc, blas) = unsafe {
+            (
+                cudarc::driver::sys::is_culib_present(),
+                cudarc::nvrtc::sys::is_culib_present(),
+                cudarc::cublas::sys::is_culib_present(),
+            )
+        };
+        if !drv {
+            return Err(CudaError::NoDevice(
+                "the NVIDIA driver library (libcuda.so.1) is not installed".into(),
+            ));
+        }
+        if !rtc {
+            return Err(CudaError::NoDevice(
+                "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 toolkit or add its \
+                 lib directory to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        if !blas {
+            return Err(CudaError::NoDevice(
+                "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 toolkit or add \
+                 its lib directory to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| CudaError::NoDevice(format!("cuInit/cuDeviceGetCount failed: {e}")))?;
+        if count <= 0 || ordinal >= count as usize {
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} requested, the driver reports {count}"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(call("creating a context"))?;
+        // SAFETY: one stream does all the work, so cudarc's cross-stream event tracking is
+        // not needed; it is turned off before any allocation is made.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(call("creating a stream"))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(call("creating a cuBLAS handle"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(call("reading the compute capability"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let total_mem = ctx.total_mem().unwrap_or(0);
+        let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
+        let ptx = ptx_for(arch)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(call("loading the kernels"))?;
+        let mut funcs = Vec::with_capacity(KERNELS.len());
+        let mut index = HashMap::new();
+        let mut flash_ok = true;
+        for (i, &k) in KERNELS.iter().enumerate() {
+            let f = module.load_function(k).map_err(call(k))?;
+            if let Some(d) = k.strip_prefix("attn_flash_") {
+                // A device that cannot give the tiles their shared memory runs the CUDA-core
+                // prompt attention instead.
+                let smem = d.parse().map_or(0, attention::flash_smem);
+                flash_ok &= f
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .is_ok();
+            }
+            funcs.push(f);
+            index.insert(k, i);
+        }
+        let inputs = Self::alloc_on(&stream, 4 * 4096)?;
+        let profile = std::env::var("DAMASCUS_CUDA_PROFILE").is_ok_and(|v| v != "0");
+        let graphs_enabled =
+            !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        let mmq_enabled = std::env::var("DAMASCUS_CUDA_MMQ").is_ok_and(|v| v == "1");
+        let flash_enabled =
+            flash_ok && std::env::var("DAMASCUS_CUDA_FLASH").map_or(true, |v| v != "0");
+        Ok(Arc::new(Gpu {
+            _ctx: ctx,
+            stream,
+            funcs,
+            index,
+            blas,
+            rec: Mutex::new(Recorder::new(inputs)),
+            graphs_enabled: AtomicBool::new(graphs_enabled),
+            mmq_enabled: AtomicBool::new(mmq_enabled),
+            flash_enabled: AtomicBool::new(flash_enabled),
+            flash_ok,
+            profile: profile.then(|| Mutex::new(Profile::default())),
+            name,
+            compute_capability: cc,
+            total_mem,
+        }))
+    }
+}

@@ -1,0 +1,369 @@
+//! The op recorder: ops recorded per forward pass, run at a flush either one by one, under
+//! the profiler, or (a one-token pass flushed whole) as a cached CUDA graph.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+
+use cudarc::driver::{CudaGraph, result, sys};
+
+use super::buffers::{DevAct, DevBuf};
+use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr};
+use super::profile::Profile;
+use super::{Gpu, MAX_GRAPHS, call};
+use crate::error::CudaError;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Op {
+    Launch {
+        f: usize,
+        grid: [u32; 3],
+        block: [u32; 3],
+        /// Dynamic shared memory bytes.
+        smem: u32,
+        args: Args,
+    },
+    /// `C[n, m] = B[n, k] · A[m, k]ᵀ` (row-major), A and B bf16, C f32; `acc` adds into C.
+    Gemm {
+        acc: bool,
+        m: i32,
+        n: i32,
+        k: i32,
+        a: Ptr,
+        b: Ptr,
+        c: Ptr,
+    },
+    Copy {
+        dst: Ptr,
+        src: Ptr,
+        bytes: usize,
+    },
+}
+
+/// An instantiated graph.
+struct Graph(CudaGraph);
+// SAFETY: a CUgraphExec may be launched from any thread; it is only touched under the
+// recorder's mutex.
+unsafe impl Send for Graph {}
+
+pub(super) struct Recorder {
+    pub(super) ops: Vec<Op>,
+    pub(super) n_tokens: usize,
+    /// `[pos0, ids...]`, written to `inputs` before the next flush.
+    pub(super) inputs_host: Vec<u32>,
+    pub(super) inputs_dirty: bool,
+    pub(super) inputs: DevBuf,
+    /// `[rows]` u32: where `argmax` writes its picks (grown on demand).
+    picks: Option<DevBuf>,
+    /// Part of this forward pass already ran (a host read in the middle): no graph.
+    flushed_mid: bool,
+    graphs: HashMap<u64, Graph>,
+}
+
+impl Recorder {
+    pub(super) fn new(inputs: DevBuf) -> Self {
+        Recorder {
+            ops: Vec::new(),
+            n_tokens: 0,
+            inputs_host: Vec::new(),
+            inputs_dirty: false,
+            inputs,
+            picks: None,
+            flushed_mid: false,
+            graphs: HashMap::new(),
+        }
+    }
+}
+
+impl Gpu {
+    pub(super) fn rec(&self) -> MutexGuard<'_, Recorder> {
+        self.rec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records launch `k` on `grid` x `block` (no dynamic shared memory).
+    pub(super) fn push<K: Launch>(&self, k: K, grid: [u32; 3], block: [u32; 3]) {
+        self.push_smem(k, grid, block, 0);
+    }
+
+    /// Records launch `k` with `smem` bytes of dynamic shared memory.
+    pub(super) fn push_smem<K: Launch>(&self, k: K, grid: [u32; 3], block: [u32; 3], smem: u32) {
+        let f = self.index[k.name()];
+        let args = k.args();
+        self.rec().ops.push(Op::Launch {
+            f,
+            grid,
+            block,
+            smem,
+            args,
+        });
+    }
+
+    /// Starts a forward pass of `n_tokens` tokens at position `pos0`.
+    pub fn begin(&self, n_tokens: usize, pos0: usize) -> Result<(), CudaError> {
+        let mut r = self.rec();
+        let pos = u32::try_from(pos0).map_err(|_| CudaError::Shape(format!("position {pos0}")))?;
+        if r.inputs.len < 4 * (n_tokens + 1) {
+            let bytes = 4 * (n_tokens + 1).next_power_of_two();
+            r.inputs = self.alloc(bytes)?;
+            // Graphs captured the old buffer's address.
+            r.graphs.clear();
+        }
+        r.ops.clear();
+        r.n_tokens = n_tokens;
+        r.flushed_mid = false;
+        r.inputs_host.clear();
+        r.inputs_host.push(pos);
+        r.inputs_dirty = true;
+        Ok(())
+    }
+
+    /// Turns decode graphs on or off (`DAMASCUS_CUDA_GRAPHS=0` starts with them off).
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns the int8 MMQ prompt matmuls on or off (`DAMASCUS_CUDA_MMQ=1` starts with them on).
+    pub fn set_mmq(&self, on: bool) {
+        self.mmq_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns the tensor-core prompt attention on or off (`DAMASCUS_CUDA_FLASH=0` starts with
+    /// it off; the CUDA-core kernel runs instead). Stays off on a device that cannot give the
+    /// flash kernels their shared memory.
+    pub fn set_flash(&self, on: bool) {
+        self.flash_enabled
+            .store(on && self.flash_ok, Ordering::Relaxed);
+    }
+
+    /// Ends a forward pass: runs what was recorded (as a graph when it can).
+    pub fn end(&self) -> Result<(), CudaError> {
+        let mut r = self.rec();
+        self.flush(&mut r, true)
+    }
+
+    pub(super) fn flush(&self, r: &mut Recorder, last: bool) -> Result<(), CudaError> {
+        if r.inputs_dirty {
+            // SAFETY: `inputs` holds at least `4 * (n_tokens + 1)` bytes (see `begin`) and
+            // `inputs_host` at most `n_tokens + 1` values (`embed` checks).
+            unsafe {
+                result::memcpy_htod_async(r.inputs.ptr.0, &r.inputs_host, self.stream.cu_stream())
+            }
+            .map_err(call("uploading positions and token ids"))?;
+            r.inputs_dirty = false;
+        }
+        if r.ops.is_empty() {
+            return Ok(());
+        }
+        let ops = std::mem::take(&mut r.ops);
+        let graphable = self.graphs_enabled.load(Ordering::Relaxed)
+            && last
+            && !r.flushed_mid
+            && r.n_tokens == 1
+            && !ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
+        if !last {
+            r.flushed_mid = true;
+        }
+        if let Some(p) = &self.profile {
+            return self.run_profiled(&ops, p);
+        }
+        if !graphable {
+            return ops.iter().try_for_each(|o| self.run_op(o));
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ops.hash(&mut h);
+        let key = h.finish();
+        if !r.graphs.contains_key(&key) {
+            if r.graphs.len() >= MAX_GRAPHS {
+                r.graphs.clear();
+            }
+            let g = self.capture(&ops)?;
+            r.graphs.insert(key, Graph(g));
+        }
+        r.graphs[&key]
+            .0
+            .launch()
+            .map_err(call("launching the decode graph"))
+    }
+
+    fn run_profiled(&self, ops: &[Op], p: &Mutex<Profile>) -> Result<(), CudaError> {
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = |what| self.stream.record_event(timed).map_err(call(what));
+        let mut marks = vec![ev("recording a profile event")?];
+        for o in ops {
+            self.run_op(o)?;
+            marks.push(ev("recording a profile event")?);
+        }
+        let mut p = p.lock().unwrap_or_else(|p| p.into_inner());
+        p.passes += 1;
+        for (o, w) in ops.iter().zip(marks.windows(2)) {
+            let ms = w[0]
+                .elapsed_ms(&w[1])
+                .map_err(call("reading a profile event"))?;
+            let key = match o {
+                Op::Launch { f, grid, .. } => {
+                    format!("{} [{}x{}]", KERNELS[*f], grid[0], grid[1])
+                }
+                Op::Gemm { m, n, k, .. } => format!("gemm m{m} n{n} k{k}"),
+                Op::Copy { bytes, .. } => format!("copy {bytes} B"),
+            };
+            let e = p.ops.entry(key).or_default();
+            e.0 += 1;
+            e.1 += f64::from(ms);
+        }
+        Ok(())
+    }
+
+    fn capture(&self, ops: &[Op]) -> Result<CudaGraph, CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(call("starting graph capture"))?;
+        let recorded = ops.iter().try_for_each(|o| self.run_op(o));
+        let ended = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(call("ending graph capture"));
+        recorded?;
+        ended?.ok_or_else(|| CudaError::call("graph capture", "captured nothing"))
+    }
+
+    fn run_op(&self, op: &Op) -> Result<(), CudaError> {
+        let s = self.stream.cu_stream();
+        match op {
+            Op::Launch {
+                f,
+                grid,
+                block,
+                smem,
+                args,
+            } => {
+                let mut slots = args.v;
+                let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+                for (p, a) in params.iter_mut().zip(slots.iter_mut()) {
+                    *p = a as *mut u64 as *mut c_void;
+                }
+                // SAFETY: every kernel in KERNELS takes only pointers, 64-bit offsets, ints
+                // and floats, and its typed launch struct (`launch`) lists them in the
+                // kernel's order; each argument sits in its own 8-byte slot whose low bytes
+                // hold the value (little-endian), so the driver reads the declared size from
+                // each. The pointers come from live `DevBuf`s whose sizes the recording method
+                // checked against the kernel's indexing; `smem` is within the kernel's
+                // allowance (set when the device opened).
+                unsafe {
+                    result::launch_kernel(
+                        self.funcs[*f].cu_function(),
+                        (grid[0], grid[1], grid[2]),
+                        (block[0], block[1], block[2]),
+                        *smem,
+                        s,
+                        &mut params[..args.n],
+                    )
+                }
+                .map_err(call(KERNELS[*f]))
+            }
+            Op::Gemm {
+                acc,
+                m,
+                n,
+                k,
+                a,
+                b,
+                c,
+            } => {
+                use cudarc::cublas::sys::{
+                    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+                };
+                let (alpha, beta) = (1.0f32, if *acc { 1.0f32 } else { 0.0 });
+                // SAFETY: A is [m, k] bf16, B [n, k] bf16 and C [n, m] f32 device buffers
+                // (checked by `matmul`); column-major, C = Aᵀ·B with lda = ldb = k, ldc = m.
+                unsafe {
+                    cudarc::cublas::result::gemm_ex(
+                        *self.blas.handle(),
+                        cublasOperation_t::CUBLAS_OP_T,
+                        cublasOperation_t::CUBLAS_OP_N,
+                        *m,
+                        *n,
+                        *k,
+                        &alpha as *const f32 as *const c_void,
+                        a.0 as *const c_void,
+                        cudaDataType::CUDA_R_16BF,
+                        *k,
+                        b.0 as *const c_void,
+                        cudaDataType::CUDA_R_16BF,
+                        *k,
+                        &beta as *const f32 as *const c_void,
+                        c.0 as *mut c_void,
+                        cudaDataType::CUDA_R_32F,
+                        *m,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(call("cublasGemmEx"))
+            }
+            Op::Copy { dst, src, bytes } => {
+                // SAFETY: both ranges lie inside live buffers (checked by `copy_row`).
+                unsafe { result::memcpy_dtod_async(dst.0, src.0, *bytes, s) }
+                    .map_err(call("copying a row"))
+            }
+        }
+    }
+
+    /// Waits for the device and copies `x` back as f32 `[n, width]`.
+    pub fn read(&self, x: &DevAct) -> Result<Vec<f32>, CudaError> {
+        let mut r = self.rec();
+        self.flush(&mut r, false)?;
+        drop(r);
+        let mut out = vec![0f32; x.n * x.width];
+        // SAFETY: `x.x` holds `n * width` f32; the stream is synchronized before `out` is read.
+        unsafe { result::memcpy_dtoh_async(&mut out, x.x.ptr.0, self.stream.cu_stream()) }
+            .map_err(call("reading back"))?;
+        self.stream.synchronize().map_err(call("synchronizing"))?;
+        Ok(out)
+    }
+
+    /// The index of the largest value of every row of `x` `[n, width]` (NaN never wins, ties
+    /// go to the lowest index), computed on the device: only `n` ids come back.
+    pub fn argmax(&self, x: &DevAct) -> Result<Vec<u32>, CudaError> {
+        if x.n == 0 || x.width == 0 || i32::try_from(x.width).is_err() {
+            return Err(CudaError::Shape(format!(
+                "argmax of [{}, {}]",
+                x.n, x.width
+            )));
+        }
+        let mut r = self.rec();
+        if r.picks.as_ref().is_none_or(|b| b.len < 4 * x.n) {
+            r.picks = Some(self.alloc(4 * x.n.next_power_of_two())?);
+        }
+        let picks = r.picks.as_ref().map_or(Ptr::NULL, |b| b.ptr);
+        drop(r);
+        self.push(
+            ArgmaxRows {
+                x: x.x.ptr,
+                width: x.width as i32,
+                out: picks,
+            },
+            [x.n as u32, 1, 1],
+            [1024, 1, 1],
+        );
+        let mut r = self.rec();
+        self.flush(&mut r, false)?;
+        drop(r);
+        let mut out = vec![0u32; x.n];
+        // SAFETY: `picks` holds at least `n` u32; the stream is synchronized before `out` is
+        // read.
+        unsafe { result::memcpy_dtoh_async(&mut out, picks.0, self.stream.cu_stream()) }
+            .map_err(call("reading the picks back"))?;
+        self.stream.synchronize().map_err(call("synchronizing"))?;
+        Ok(out)
+    }
+
+    /// Waits for everything recorded so far.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        let mut r = self.rec();
+        self.flush(&mut r, false)?;
+        drop(r);
+        self.stream.synchronize().map_err(call("synchronizing"))
+    }
+}

@@ -1,0 +1,207 @@
+//! Every tuning setting of the CPU kernels and backend in one struct, [`KernelSettings`],
+//! carried in the model's load options. Libraries never read the environment for these: the
+//! binary maps the `DAMASCUS_*` variables onto the struct once ([`KernelSettings::from_vars`],
+//! the table in [`KernelSettings::VARS`]) and hands it down. The few settings the kernels need
+//! process-wide (deep in a micro-kernel, where no struct reaches) are installed once with
+//! [`KernelSettings::install`]; the ISA choice alone still falls back to `DAMASCUS_ISA` when
+//! nothing was installed, so `DAMASCUS_ISA=scalar cargo test` tests each level.
+
+use std::sync::OnceLock;
+
+use crate::cpu::{Isa, IsaError};
+
+/// Tuning settings of the CPU kernels and backend (defaults: everything on, automatic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSettings {
+    /// Kernel ISA level (`None`: the best this CPU has). `DAMASCUS_ISA`.
+    pub isa: Option<Isa>,
+    /// Prompts through the prefill GEMM (else per-token dot products). `DAMASCUS_GEMM`.
+    pub gemm: bool,
+    /// Prompts multiply in int8 where the weight type allows (else bf16 panels).
+    /// `DAMASCUS_GEMM_INT8`.
+    pub int8: bool,
+    /// Weights repacked into interleaved panels at load. `DAMASCUS_REPACK`.
+    pub repack: bool,
+    /// Prompt attention on AMX tiles (with the AMX GEMM). `DAMASCUS_ATTN_AMX`.
+    pub attn_amx: bool,
+    /// Weight-panel bytes per AMX GEMM unit, in KiB (`None`: 640). `DAMASCUS_AMX_PANEL_KIB`.
+    pub amx_panel_kib: Option<usize>,
+    /// Pool threads taking AMX GEMM units (`None`: all). `DAMASCUS_AMX_THREADS`.
+    pub amx_threads: Option<usize>,
+    /// Software-prefetch distance in bytes while streaming weights (`Some(0)`: off, `None`:
+    /// 2048). `DAMASCUS_PREFETCH`.
+    pub prefetch: Option<usize>,
+    /// Per-op wall-time profile, printed when the backend is dropped. `DAMASCUS_PROFILE`.
+    pub profile: bool,
+}
+
+impl Default for KernelSettings {
+    fn default() -> KernelSettings {
+        KernelSettings {
+            isa: None,
+            gemm: true,
+            int8: true,
+            repack: true,
+            attn_amx: true,
+            amx_panel_kib: None,
+            amx_threads: None,
+            prefetch: None,
+            profile: false,
+        }
+    }
+}
+
+/// A `DAMASCUS_*` value that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}={value:?}: {expected}")]
+pub struct SettingsError {
+    /// The variable.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What was expected.
+    pub expected: String,
+}
+
+/// The process-wide part of the settings, once installed.
+#[derive(Clone, Copy, Debug)]
+struct Installed {
+    prefetch: Option<usize>,
+    amx_panel_kib: Option<usize>,
+    amx_threads: Option<usize>,
+}
+
+static INSTALLED: OnceLock<Installed> = OnceLock::new();
+
+impl KernelSettings {
+    /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
+    pub const VARS: [(&'static str, &'static str); 9] = [
+        (
+            "DAMASCUS_ISA",
+            "kernel level: scalar, avx2, avx512, vnni, amx",
+        ),
+        ("DAMASCUS_GEMM", "0: prompts on per-token dot products"),
+        ("DAMASCUS_GEMM_INT8", "0: prompts on the bf16-panel GEMM"),
+        ("DAMASCUS_REPACK", "0: weights stay in the file layout"),
+        ("DAMASCUS_ATTN_AMX", "0: prompt attention on the f32 kernel"),
+        (
+            "DAMASCUS_AMX_PANEL_KIB",
+            "AMX GEMM weight panel per unit, KiB",
+        ),
+        ("DAMASCUS_AMX_THREADS", "threads taking AMX GEMM units"),
+        ("DAMASCUS_PREFETCH", "prefetch distance in bytes (0: off)"),
+        ("DAMASCUS_PROFILE", "1: per-op profile on stderr"),
+    ];
+
+    /// The settings given by variables `get(name)` returns (the binary passes the process
+    /// environment); unset or empty variables keep the defaults.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let val = |k: &str| {
+            get(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let off = |k: &str| val(k).is_some_and(|v| v == "0");
+        let num = |k: &'static str| -> Result<Option<usize>, SettingsError> {
+            val(k)
+                .map(|v| {
+                    v.parse::<usize>().map_err(|_| SettingsError {
+                        var: k,
+                        value: v,
+                        expected: "expected a whole number".into(),
+                    })
+                })
+                .transpose()
+        };
+        let isa = val("DAMASCUS_ISA")
+            .map(|v| {
+                v.parse::<Isa>().map_err(|e| SettingsError {
+                    var: "DAMASCUS_ISA",
+                    value: v,
+                    expected: e.to_string(),
+                })
+            })
+            .transpose()?;
+        Ok(KernelSettings {
+            isa,
+            gemm: !off("DAMASCUS_GEMM"),
+            int8: !off("DAMASCUS_GEMM_INT8"),
+            repack: !off("DAMASCUS_REPACK"),
+            attn_amx: !off("DAMASCUS_ATTN_AMX"),
+            amx_panel_kib: num("DAMASCUS_AMX_PANEL_KIB")?.filter(|&v| v > 0),
+            amx_threads: num("DAMASCUS_AMX_THREADS")?.filter(|&v| v > 0),
+            prefetch: num("DAMASCUS_PREFETCH")?,
+            profile: val("DAMASCUS_PROFILE").is_some_and(|v| v == "1"),
+        })
+    }
+
+    /// Installs the process-wide settings (ISA level, prefetch distance, AMX knobs) before
+    /// the first kernel runs. The first install wins; a later one with different values, or
+    /// an ISA level this CPU lacks, is an error.
+    pub fn install(&self) -> Result<(), IsaError> {
+        Isa::set_override(self.isa)?;
+        let want = Installed {
+            prefetch: self.prefetch,
+            amx_panel_kib: self.amx_panel_kib,
+            amx_threads: self.amx_threads,
+        };
+        let got = *INSTALLED.get_or_init(|| want);
+        if (got.prefetch, got.amx_panel_kib, got.amx_threads)
+            != (want.prefetch, want.amx_panel_kib, want.amx_threads)
+        {
+            return Err(IsaError::Unavailable {
+                isa: self.isa.unwrap_or(Isa::Scalar),
+                missing: "a second, different set of process-wide kernel settings".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The installed prefetch distance (`None`: the default).
+pub(crate) fn installed_prefetch() -> Option<usize> {
+    INSTALLED.get().and_then(|i| i.prefetch)
+}
+
+/// The installed AMX knobs (panel KiB, threads).
+pub(crate) fn installed_amx() -> (Option<usize>, Option<usize>) {
+    INSTALLED
+        .get()
+        .map_or((None, None), |i| (i.amx_panel_kib, i.amx_threads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_map_onto_the_struct() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            KernelSettings::from_vars(env(&[])).unwrap(),
+            KernelSettings::default()
+        );
+        let s = KernelSettings::from_vars(env(&[
+            ("DAMASCUS_ISA", "avx2"),
+            ("DAMASCUS_GEMM", "0"),
+            ("DAMASCUS_REPACK", " 0 "),
+            ("DAMASCUS_PREFETCH", "0"),
+            ("DAMASCUS_AMX_THREADS", "8"),
+            ("DAMASCUS_PROFILE", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(s.isa, Some(Isa::Avx2));
+        assert!(!s.gemm && s.int8 && !s.repack && s.profile);
+        assert_eq!((s.prefetch, s.amx_threads), (Some(0), Some(8)));
+        let e = KernelSettings::from_vars(env(&[("DAMASCUS_PREFETCH", "lots")])).unwrap_err();
+        assert!(e.to_string().contains("DAMASCUS_PREFETCH"));
+        assert!(KernelSettings::from_vars(env(&[("DAMASCUS_ISA", "sse9")])).is_err());
+    }
+}
