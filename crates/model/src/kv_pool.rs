@@ -264,7 +264,7 @@ impl BlockPool {
     /// the block size).
     pub fn truncate(&mut self, table: &mut BlockTable, n_positions: usize) -> usize {
         let bs = self.block_size;
-        let kept = if n_positions % bs != 0 && n_positions / bs < table.keys.len() {
+        let kept = if !n_positions.is_multiple_of(bs) && n_positions / bs < table.keys.len() {
             n_positions / bs * bs
         } else {
             n_positions.min(table.blocks.len() * bs)
@@ -354,10 +354,10 @@ impl BlockPool {
                     self.refcount[b], state[b]
                 ));
             }
-            if let Some(c) = &self.cached[b] {
-                if self.by_key.get(&c.key) != Some(&(b as u32)) {
-                    return Err(format!("block {b}: key not mapped back"));
-                }
+            if let Some(c) = &self.cached[b]
+                && self.by_key.get(&c.key) != Some(&(b as u32))
+            {
+                return Err(format!("block {b}: key not mapped back"));
             }
         }
         if self.by_key.len() != self.cached.iter().filter(|c| c.is_some()).count() {

@@ -135,10 +135,10 @@ struct Seq<'t> {
 
 impl<'t> Seq<'t> {
     /// The state of a new request, or the job back with the reason it cannot run.
-    fn new(job: Job, tok: &'t Tokenizer) -> Result<Seq<'t>, (Job, String)> {
+    fn new(job: Job, tok: &'t Tokenizer) -> Result<Seq<'t>, Box<(Job, String)>> {
         let sampler = match SamplerChain::from_config(&job.sampler) {
             Ok(s) => s,
-            Err(e) => return Err((job, e.to_string())),
+            Err(e) => return Err(Box::new((job, e.to_string()))),
         };
         let stop = StopMatcher::new(job.generate.stop.iter().cloned());
         let decoder = tok.stream_decoder(job.generate.show_special);
@@ -342,15 +342,17 @@ impl Engine {
             }
             // New jobs: one at a time, only when the head of the line could be admitted, so
             // the bounded channel stays the queue that 503s.
-            if waiting.is_empty() && running.len() < self.cfg.parallel {
-                if let Some(job) = self.recv(running.is_empty()) {
-                    match Seq::new(job, tok) {
-                        Ok(s) => waiting.push_back(s),
-                        Err((job, e)) => {
-                            Metrics::dec(&self.metrics.queue_depth);
-                            Metrics::add(&self.metrics.gen_failed, 1);
-                            let _ = job.tx.send(Out::Error(e));
-                        }
+            if waiting.is_empty()
+                && running.len() < self.cfg.parallel
+                && let Some(job) = self.recv(running.is_empty())
+            {
+                match Seq::new(job, tok) {
+                    Ok(s) => waiting.push_back(s),
+                    Err(failed) => {
+                        let (job, e) = *failed;
+                        Metrics::dec(&self.metrics.queue_depth);
+                        Metrics::add(&self.metrics.gen_failed, 1);
+                        let _ = job.tx.send(Out::Error(e));
                     }
                 }
             }
