@@ -213,7 +213,7 @@ fn kv_head(
 }
 
 #[inline]
-fn dot_f16(simd: bool, q: &[f32], k: &[u16]) -> f32 {
+pub(crate) fn dot_f16(simd: bool, q: &[f32], k: &[u16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
@@ -224,7 +224,7 @@ fn dot_f16(simd: bool, q: &[f32], k: &[u16]) -> f32 {
 }
 
 #[inline]
-fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
+pub(crate) fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
@@ -236,7 +236,7 @@ fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
     }
 }
 
-fn softmax(simd: bool, s: &mut [f32]) {
+pub(crate) fn softmax(simd: bool, s: &mut [f32]) {
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     #[cfg(target_arch = "x86_64")]
     if simd {

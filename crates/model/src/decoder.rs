@@ -11,8 +11,13 @@
 //! when the file has them). Fused tensors (Phi-3's `attn_qkv`, `ffn_up` holding gate and up)
 //! are split into row ranges at load, so backends only ever see separate matrices.
 //!
-//! A forward pass takes any number of new tokens: a prompt (prefill) runs as matrices and fills
-//! the cache for all its positions in one pass; a single token (decode) appends one position.
+//! A forward pass takes a batch of sequences ([`Decoder::forward_batch`]), ragged: prompt chunks
+//! and decode tokens mixed, each sequence with its own positions and block table over one
+//! paged KV cache. The rows of the activations are the concatenated tokens, so every token of
+//! the step goes through each weight once; attention runs per sequence over that sequence's
+//! blocks ([`Backend::attention_batch`]); the LM head runs on the last row of each sequence
+//! that wants logits. A single sequence ([`Decoder::forward`]) is a batch of one over a
+//! private cache whose blocks are its positions in order.
 
 use std::sync::Arc;
 
@@ -20,7 +25,8 @@ use damascus_gguf::GgufFile;
 use damascus_gguf::keys::tensors as names;
 use damascus_kernels::reference::AttnShape;
 
-use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams, SeqSpan};
+use crate::batch::SeqInput;
 use crate::error::ModelError;
 use crate::params::DecoderParams;
 use crate::tensor::FileTensor;
@@ -93,9 +99,14 @@ pub struct Decoder<B: Backend> {
     weights: Weights<B>,
 }
 
-/// Activation buffers for one forward pass of `n_tokens` tokens.
+/// Blocks of a single sequence's private cache (its positions in order).
+const SINGLE_BLOCK: usize = 16;
+
+/// Activation buffers for one forward pass of `n_tokens` tokens, `n_out` of them wanting
+/// logits.
 struct Scratch<B: Backend> {
     n_tokens: usize,
+    n_out: usize,
     x: B::Act,      // [n_tokens, n_embd] residual stream
     xn: B::Act,     // [n_tokens, n_embd] normed input of a sub-block
     q: B::Act,      // [n_tokens, n_head * head_dim]
@@ -105,17 +116,39 @@ struct Scratch<B: Backend> {
     proj: B::Act,   // [n_tokens, n_embd] output of attn_output / ffn_down
     gate: B::Act,   // [n_tokens, n_ff]
     up: B::Act,     // [n_tokens, n_ff]
-    last: B::Act,   // [1, n_embd] final-normed last position
-    logits: B::Act, // [1, n_vocab]
+    last: B::Act,   // [n_out, n_embd] final-normed rows that want logits
+    logits: B::Act, // [n_out, n_vocab]
 }
 
 /// Per-sequence state: the KV cache, the number of positions already in it, and reusable
 /// activation buffers.
 pub struct DecoderState<B: Backend> {
-    kv: B::KvCache,
+    kv: PagedKv<B>,
+    /// `[n_blocks]` the identity block table of the private cache.
+    table: Vec<u32>,
     n_ctx: usize,
     n_past: usize,
+}
+
+/// The KV memory of batched passes: one backend cache of `n_blocks * block_size` positions
+/// in blocks, and reusable activation buffers.
+pub struct PagedKv<B: Backend> {
+    kv: B::KvCache,
+    n_blocks: usize,
+    block_size: usize,
     scratch: Option<Scratch<B>>,
+}
+
+impl<B: Backend> PagedKv<B> {
+    /// Blocks of the cache.
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
 }
 
 impl<B: Backend> DecoderState<B> {
@@ -277,27 +310,47 @@ impl<B: Backend> Decoder<B> {
         n_ctx: usize,
         cache_type: Option<KvCacheType>,
     ) -> Result<DecoderState<B>, ModelError> {
+        let n_blocks = n_ctx.div_ceil(SINGLE_BLOCK);
+        let kv = self.new_paged_kv(n_blocks, SINGLE_BLOCK, cache_type)?;
+        let table = (0..n_blocks as u32).collect();
+        Ok(DecoderState {
+            kv,
+            table,
+            n_ctx,
+            n_past: 0,
+        })
+    }
+
+    /// A KV cache of `n_blocks` blocks of `block_size` positions for batched passes
+    /// ([`Decoder::forward_batch`]) of `cache_type` (`None`: the backend's default).
+    pub fn new_paged_kv(
+        &self,
+        n_blocks: usize,
+        block_size: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<PagedKv<B>, ModelError> {
         let p = &self.params;
         let kv = self.backend.new_kv_cache(KvShape {
             n_layer: p.n_layer,
-            n_ctx,
+            n_ctx: n_blocks * block_size,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
             cache_type: cache_type.unwrap_or_else(|| self.backend.default_cache_type()),
         })?;
-        Ok(DecoderState {
+        Ok(PagedKv {
             kv,
-            n_ctx,
-            n_past: 0,
+            n_blocks,
+            block_size,
             scratch: None,
         })
     }
 
-    fn scratch(&self, n_tokens: usize) -> Result<Scratch<B>, ModelError> {
+    fn scratch(&self, n_tokens: usize, n_out: usize) -> Result<Scratch<B>, ModelError> {
         let p = &self.params;
         let b = &self.backend;
         Ok(Scratch {
             n_tokens,
+            n_out,
             x: b.alloc(n_tokens, p.n_embd)?,
             xn: b.alloc(n_tokens, p.n_embd)?,
             q: b.alloc(n_tokens, p.n_head * p.head_dim)?,
@@ -307,8 +360,8 @@ impl<B: Backend> Decoder<B> {
             proj: b.alloc(n_tokens, p.n_embd)?,
             gate: b.alloc(n_tokens, p.n_ff)?,
             up: b.alloc(n_tokens, p.n_ff)?,
-            last: b.alloc(1, p.n_embd)?,
-            logits: b.alloc(1, p.n_vocab)?,
+            last: b.alloc(n_out, p.n_embd)?,
+            logits: b.alloc(n_out, p.n_vocab)?,
         })
     }
 
@@ -364,21 +417,107 @@ impl<B: Backend> Decoder<B> {
                 n_vocab: self.params.n_vocab,
             });
         }
-        let mut s = match state.scratch.take() {
-            Some(s) if s.n_tokens == n_tokens => s,
-            _ => self.scratch(n_tokens)?,
+        let seq = [SeqInput {
+            ids,
+            pos0,
+            table: &state.table,
+            logits: true,
+        }];
+        let out = self.forward_paged(&mut state.kv, &seq, &mut hook, want)?;
+        state.n_past += n_tokens;
+        Ok(out.into_iter().next().expect("one sequence wants logits"))
+    }
+
+    /// One step of many sequences over `kv`: each sequence's `ids` appended at its positions
+    /// through its block table. Returns the `[n_vocab]` logits of the last token of every
+    /// sequence that asks for them, in order. The caller owns the block tables
+    /// ([`crate::kv_pool::BlockPool`]); positions must fit them.
+    pub fn forward_batch(
+        &self,
+        kv: &mut PagedKv<B>,
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_paged(kv, seqs, &mut None, Want::Logits)?
+            .into_iter()
+            .map(|o| match o {
+                Output::Logits(l) => Ok(l),
+                Output::Token(_) => unreachable!("asked for logits"),
+            })
+            .collect()
+    }
+
+    fn forward_paged(
+        &self,
+        kv: &mut PagedKv<B>,
+        seqs: &[SeqInput<'_>],
+        hook: &mut Option<HiddenHook<'_>>,
+        want: Want,
+    ) -> Result<Vec<Output>, ModelError> {
+        let n_vocab = self.params.n_vocab;
+        let mut ids = Vec::new(); // [n_tokens] the step's tokens, sequence after sequence
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut out_rows = Vec::new(); // rows whose logits are wanted
+        for s in seqs {
+            if s.ids.is_empty() {
+                return Err(ModelError::EmptyInput);
+            }
+            if let Some(&id) = s.ids.iter().find(|&&id| id as usize >= n_vocab) {
+                return Err(ModelError::TokenOutOfRange { id, n_vocab });
+            }
+            let end = s.pos0 + s.ids.len();
+            if end.div_ceil(kv.block_size) > s.table.len()
+                || s.table.iter().any(|&b| b as usize >= kv.n_blocks)
+            {
+                return Err(ModelError::ContextFull {
+                    n_ctx: s.table.len().min(kv.n_blocks) * kv.block_size,
+                    n_past: s.pos0,
+                    n_tokens: s.ids.len(),
+                });
+            }
+            let rows = ids.len()..ids.len() + s.ids.len();
+            ids.extend_from_slice(s.ids);
+            if s.logits {
+                out_rows.push(rows.end - 1);
+            }
+            spans.push(SeqSpan {
+                rows,
+                pos0: s.pos0,
+                table: s.table,
+            });
+        }
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if out_rows.is_empty() {
+            // Prompt chunks only: the LM head still runs on one row (discarded).
+            out_rows.push(ids.len() - 1);
+        }
+        let n_out = out_rows.len();
+        let mut s = match kv.scratch.take() {
+            Some(s) if s.n_tokens == ids.len() && s.n_out == n_out => s,
+            _ => self.scratch(ids.len(), n_out)?,
         };
-        let result = self.run(&mut s, &mut state.kv, pos0, ids, &mut hook);
+        let batch = PagedBatch {
+            block_size: kv.block_size,
+            seqs: &spans,
+        };
+        let result = self.run(&mut s, &mut kv.kv, &batch, &ids, &out_rows, hook);
         let out = result.and_then(|()| match want {
-            Want::Logits => self.backend.read(&s.logits).map(Output::Logits),
+            Want::Logits => {
+                let all = self.backend.read(&s.logits)?;
+                Ok(all
+                    .chunks_exact(n_vocab)
+                    .map(|r| Output::Logits(r.to_vec()))
+                    .collect())
+            }
             Want::Argmax => {
-                let ids = self.backend.argmax(&s.logits, self.params.n_vocab)?;
-                Ok(Output::Token(ids.first().copied().unwrap_or(0)))
+                let ids = self.backend.argmax(&s.logits, n_vocab)?;
+                Ok(ids.into_iter().map(Output::Token).collect())
             }
         });
-        state.scratch = Some(s);
-        let out = out?;
-        state.n_past += n_tokens;
+        kv.scratch = Some(s);
+        let mut out: Vec<Output> = out?;
+        out.truncate(seqs.iter().filter(|s| s.logits).count());
         Ok(out)
     }
 
@@ -386,8 +525,9 @@ impl<B: Backend> Decoder<B> {
         &self,
         s: &mut Scratch<B>,
         kv: &mut B::KvCache,
-        pos0: usize,
+        batch: &PagedBatch<'_>,
         ids: &[u32],
+        out_rows: &[usize],
         hook: &mut Option<HiddenHook<'_>>,
     ) -> Result<(), ModelError> {
         let b = &self.backend;
@@ -414,6 +554,7 @@ impl<B: Backend> Decoder<B> {
             Ok(())
         };
 
+        let pos0 = batch.seqs.first().map_or(0, |s| s.pos0);
         b.begin_forward(n_tokens, pos0)?;
         // end_forward runs even when an op fails: a backend may hold the device from
         // begin_forward to end_forward.
@@ -448,12 +589,12 @@ impl<B: Backend> Decoder<B> {
                     shape: attn_shape,
                     window,
                 };
-                b.rope_attention(
+                b.attention_batch(
                     kv,
                     l,
                     attn,
-                    pos0,
                     rope,
+                    batch,
                     &mut s.q,
                     &mut s.k,
                     &s.v,
@@ -471,8 +612,8 @@ impl<B: Backend> Decoder<B> {
             }
             b.rms_norm(&s.x, &w.output_norm, p.rms_eps, &mut s.xn)?;
             emit(p.n_layer + 1, &s.xn)?;
-            // LM head on the last position only.
-            b.copy_row(&s.xn, n_tokens - 1, &mut s.last)?;
+            // LM head on the rows that want logits only.
+            b.copy_rows(&s.xn, out_rows, &mut s.last)?;
             let head = w.output.as_ref().unwrap_or(&w.token_embd);
             b.matmul(head, &s.last, &mut s.logits)?;
             if let Some(cap) = p.final_logit_softcap {

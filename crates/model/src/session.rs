@@ -10,8 +10,9 @@ use damascus_kernels::settings::KernelSettings;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
 use crate::backend::{Backend, KvCacheType};
+use crate::batch::{PagedCache, PagedState, SeqInput};
 use crate::config::ModelConfig;
-use crate::decoder::{Decoder, DecoderState, HiddenHook};
+use crate::decoder::{Decoder, DecoderState, HiddenHook, PagedKv};
 use crate::error::ModelError;
 use crate::params::DecoderParams;
 
@@ -74,6 +75,13 @@ trait Engine: Send + Sync {
         n_ctx: usize,
         cache_type: Option<KvCacheType>,
     ) -> Result<Box<dyn SessionState>, ModelError>;
+    fn supports_batches(&self) -> bool;
+    fn new_paged(
+        &self,
+        n_blocks: usize,
+        block_size: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<Box<dyn PagedState>, ModelError>;
 }
 
 /// Backend-erased per-sequence state: what a [`Session`] holds.
@@ -104,6 +112,34 @@ impl<B: Backend> Engine for Arc<Decoder<B>> {
             decoder: Arc::clone(self),
             state,
         }))
+    }
+
+    fn supports_batches(&self) -> bool {
+        self.backend().supports_batches()
+    }
+
+    fn new_paged(
+        &self,
+        n_blocks: usize,
+        block_size: usize,
+        cache_type: Option<KvCacheType>,
+    ) -> Result<Box<dyn PagedState>, ModelError> {
+        let kv = self.new_paged_kv(n_blocks, block_size, cache_type)?;
+        Ok(Box::new(PagedOf {
+            decoder: Arc::clone(self),
+            kv,
+        }))
+    }
+}
+
+struct PagedOf<B: Backend> {
+    decoder: Arc<Decoder<B>>,
+    kv: PagedKv<B>,
+}
+
+impl<B: Backend> PagedState for PagedOf<B> {
+    fn forward(&mut self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.decoder.forward_batch(&mut self.kv, seqs)
     }
 }
 
@@ -274,6 +310,40 @@ impl Model {
     /// if anything: [`Backend::load_note`].
     pub fn load_note(&self) -> Option<String> {
         self.engine.load_note()
+    }
+
+    /// The context length the model was trained with.
+    pub fn n_ctx_train(&self) -> usize {
+        self.config.n_ctx_train as usize
+    }
+
+    /// Whether the backend runs many sequences in one forward pass over a shared paged KV
+    /// cache ([`Model::paged_cache`]).
+    pub fn supports_batches(&self) -> bool {
+        self.engine.supports_batches()
+    }
+
+    /// A KV cache of `n_blocks` blocks of `block_size` positions shared by many sequences,
+    /// with batched forward passes over it (see [`crate::batch`]). Fails on backends that do
+    /// not batch ([`Model::supports_batches`]).
+    pub fn paged_cache(
+        &self,
+        n_blocks: usize,
+        block_size: usize,
+    ) -> Result<PagedCache, ModelError> {
+        if n_blocks == 0 || block_size == 0 {
+            return Err(ModelError::BadConfig {
+                key: "n_ctx".into(),
+                message: "the shared KV cache needs at least one block".into(),
+            });
+        }
+        Ok(PagedCache {
+            inner: self
+                .engine
+                .new_paged(n_blocks, block_size, self.cache_type)?,
+            n_blocks,
+            block_size,
+        })
     }
 
     /// A new, empty sequence with a KV cache of [`Model::n_ctx`] positions.

@@ -52,12 +52,14 @@ pub struct Params {
     /// RNG seed (negative = random).
     pub seed: Option<i64>,
     /// Reuse the common prompt prefix left in the slot's KV cache (llama.cpp server's
-    /// `cache_prompt`, default true). `false` evaluates the whole prompt afresh: slower, but
-    /// the logits no longer depend on what the slot ran before (a cached prefix plus a short
-    /// rest rounds differently from one whole prompt).
+    /// `cache_prompt`, default true). `false` evaluates the whole prompt afresh: slower; the
+    /// logits are the same either way on the batching engine.
     pub cache_prompt: Option<bool>,
     /// Stop strings.
     pub stop: Option<StopField>,
+    /// Keep generating past end-of-generation tokens (llama-server's field; serving
+    /// benchmarks send it).
+    pub ignore_eos: Option<bool>,
     /// Presence penalty.
     pub presence_penalty: Option<f32>,
     /// Frequency penalty.
@@ -473,6 +475,7 @@ impl Params {
         let g = GenerateConfig {
             max_tokens: Some(max_tokens),
             stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
             ..GenerateConfig::default()
         };
         Ok((s, g))

@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod embeddings;
+pub mod engine;
 pub mod metrics;
 pub mod routes;
 pub mod structured;
@@ -60,10 +61,16 @@ pub enum ServerError {
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Number of slots (worker threads, each with its own KV cache).
+    /// Most sequences generated at once (batched into one forward pass where the backend
+    /// can; otherwise worker threads, each with its own KV cache).
     pub parallel: usize,
-    /// Context length of each slot (positions); `None` = the model's default.
+    /// KV-cache positions (`-c`): with batching, the total shared by every sequence (as
+    /// llama-server's unified cache; one sequence may use up to the model's context); without,
+    /// each slot's. `None` = the model's default.
     pub n_ctx: Option<usize>,
+    /// Most tokens in one batched forward pass (`-b`): the decoding sequences' tokens, then
+    /// prompt chunks, so a long prompt is prefilled in pieces between decode steps.
+    pub batch_size: usize,
     /// Most requests waiting for a slot; more get HTTP 503.
     pub queue_size: usize,
     /// Largest accepted request body, bytes; larger gets HTTP 413.
@@ -92,6 +99,7 @@ impl Default for ServerConfig {
         Self {
             parallel: 2,
             n_ctx: None,
+            batch_size: 512,
             queue_size: 64,
             max_body_bytes: 1 << 20,
             max_tokens_cap: 4096,
@@ -217,17 +225,43 @@ fn build_state(
             message: "must be longer than 0 s".into(),
         });
     }
+    if cfg.batch_size == 0 {
+        return Err(ServerError::Config {
+            name: "batch_size",
+            message: "must be at least 1".into(),
+        });
+    }
     let n_ctx = cfg.n_ctx.unwrap_or(model.n_ctx());
     let metrics = Arc::new(metrics::Metrics::default());
-    let (queue, workers) = worker::start(
-        Arc::clone(&model),
-        Arc::clone(&tok),
-        cfg.parallel,
-        n_ctx,
-        cfg.queue_size,
-        Arc::clone(&metrics),
-        cfg.log_requests,
-    )?;
+    let (queue, workers, n_ctx) = if model.supports_batches() {
+        // One pool of n_ctx positions for everyone; a sequence may use the model's context.
+        let n_seq = n_ctx.min(model.n_ctx_train()).max(1);
+        let (q, w) = engine::start(
+            Arc::clone(&model),
+            Arc::clone(&tok),
+            engine::EngineConfig {
+                parallel: cfg.parallel,
+                n_ctx_total: n_ctx,
+                n_ctx_seq: n_seq,
+                batch_tokens: cfg.batch_size,
+                queue_size: cfg.queue_size,
+                log: cfg.log_requests,
+            },
+            Arc::clone(&metrics),
+        )?;
+        (q, w, n_seq)
+    } else {
+        let (q, w) = worker::start(
+            Arc::clone(&model),
+            Arc::clone(&tok),
+            cfg.parallel,
+            n_ctx,
+            cfg.queue_size,
+            Arc::clone(&metrics),
+            cfg.log_requests,
+        )?;
+        (q, w, n_ctx)
+    };
     let template = damascus_tokenizer::ChatTemplate::from_tokenizer(&tok).ok();
     let state = Arc::new(AppState {
         cfg,

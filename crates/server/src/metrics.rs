@@ -34,12 +34,31 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     /// Gauge: slots busy generating.
     pub slots_busy: AtomicU64,
+    /// Gauge: tokens in the last forward pass of the batching engine.
+    pub batch_tokens: AtomicU64,
+    /// Gauge: KV-cache blocks held by sequences.
+    pub kv_blocks_used: AtomicU64,
+    /// Gauge: KV-cache blocks free or evictable.
+    pub kv_blocks_free: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache (a counter, set from the pool).
+    pub prefix_lookup_tokens: AtomicU64,
+    /// Of those, tokens found there (a counter, set from the pool).
+    pub prefix_hit_tokens: AtomicU64,
+    /// Gauge: prompt tokens per second over the last second or so.
+    pub prompt_tok_per_s: AtomicU64,
+    /// Gauge: generated tokens per second over the last second or so.
+    pub generation_tok_per_s: AtomicU64,
 }
 
 impl Metrics {
     /// Adds `n` to a counter.
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets a gauge.
+    pub fn set(c: &AtomicU64, v: u64) {
+        c.store(v, Ordering::Relaxed);
     }
 
     /// Decrements a gauge (saturating at 0).
@@ -144,8 +163,64 @@ impl Metrics {
                 slots as f64,
             ),
         ];
+        let lookups = g(&self.prefix_lookup_tokens);
+        let hit_rate = if lookups == 0 {
+            0.0
+        } else {
+            g(&self.prefix_hit_tokens) as f64 / lookups as f64
+        };
+        let batch: [(&str, &str, &str, f64); 8] = [
+            (
+                "batch_tokens",
+                "gauge",
+                "Tokens in the last forward pass",
+                g(&self.batch_tokens) as f64,
+            ),
+            (
+                "kv_blocks_used",
+                "gauge",
+                "KV-cache blocks held by sequences",
+                g(&self.kv_blocks_used) as f64,
+            ),
+            (
+                "kv_blocks_free",
+                "gauge",
+                "KV-cache blocks free or evictable",
+                g(&self.kv_blocks_free) as f64,
+            ),
+            (
+                "prefix_lookup_tokens_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache",
+                lookups as f64,
+            ),
+            (
+                "prefix_hit_tokens_total",
+                "counter",
+                "Prompt tokens found in the prefix cache",
+                g(&self.prefix_hit_tokens) as f64,
+            ),
+            (
+                "prefix_hit_rate",
+                "gauge",
+                "Share of looked-up prompt tokens found in the prefix cache",
+                hit_rate,
+            ),
+            (
+                "prompt_tokens_per_second",
+                "gauge",
+                "Prompt tokens per second (last second)",
+                g(&self.prompt_tok_per_s) as f64,
+            ),
+            (
+                "generation_tokens_per_second",
+                "gauge",
+                "Generated tokens per second (last second)",
+                g(&self.generation_tok_per_s) as f64,
+            ),
+        ];
         let mut out = String::new();
-        for (name, kind, help, v) in rows {
+        for (name, kind, help, v) in rows.into_iter().chain(batch) {
             let _ = writeln!(out, "# HELP damascus_{name} {help}");
             let _ = writeln!(out, "# TYPE damascus_{name} {kind}");
             let _ = writeln!(out, "damascus_{name} {v}");

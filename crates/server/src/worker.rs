@@ -84,6 +84,22 @@ pub struct Queue {
 pub struct QueueFull;
 
 impl Queue {
+    /// The queue over `tx` (for an engine other than the slot workers).
+    pub(crate) fn new(
+        tx: SyncSender<Job>,
+        metrics: Arc<Metrics>,
+        stopping: Arc<AtomicBool>,
+        slots: usize,
+    ) -> Queue {
+        Queue {
+            tx,
+            metrics,
+            stopping,
+            next_id: Default::default(),
+            slots,
+        }
+    }
+
     /// Queues a job, or refuses it at once when `queue_size` jobs already wait.
     pub fn submit(&self, job: Job) -> Result<(), QueueFull> {
         if self.stopping.load(Ordering::Relaxed) {
@@ -127,6 +143,14 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// Worker threads that exit once `stopping` is raised.
+    pub(crate) fn new(
+        threads: Vec<std::thread::JoinHandle<()>>,
+        stopping: Arc<AtomicBool>,
+    ) -> Workers {
+        Workers { threads, stopping }
+    }
+
     /// Stops the workers (after their current job) and waits for them.
     pub fn join(self) {
         self.stopping.store(true, Ordering::SeqCst);

@@ -44,6 +44,7 @@ fn fixture() -> &'static Fixture {
             model_id: MODEL_ID.into(),
             aliases: vec!["default".into()],
             log_requests: false,
+            batch_size: 512,
             ..ServerConfig::default()
         };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -23,9 +23,16 @@ pub struct Args {
     /// Port to listen on (0 = any free port).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Parallel slots: requests generated at once, each with its own KV cache.
+    /// Sequences generated at once, batched into one forward pass per step (continuous
+    /// batching). They share one KV cache of -c positions: -c is the total, as llama-server's
+    /// unified cache (one sequence may use up to the model's context); full prompt blocks are
+    /// reused across requests (prefix cache). CUDA: one KV cache of -c per slot.
     #[arg(long, default_value_t = 2)]
     parallel: usize,
+    /// Most tokens per forward pass: the decoding sequences' tokens, then prompt chunks (long
+    /// prompts are prefilled in pieces between decode steps).
+    #[arg(short = 'b', long, default_value_t = 512)]
+    batch_size: usize,
     /// Require `Authorization: Bearer KEY` (also read from DAMASCUS_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
@@ -90,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cfg = ServerConfig {
         parallel: args.parallel,
         n_ctx: args.engine.ctx_size,
+        batch_size: args.batch_size,
         queue_size: args.queue_size,
         max_body_bytes: args.max_body,
         max_tokens_cap: args.max_tokens,
@@ -108,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         body_timeout: std::time::Duration::from_secs(args.timeout),
     };
     let parallel = cfg.parallel;
-    let n_ctx = model.n_ctx();
+    let n_ctx = args.engine.ctx_size.unwrap_or(model.n_ctx());
     damascus_server::run(
         cfg,
         Arc::new(model),
@@ -117,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.port,
         |addr| {
             errln!(
-                "damascus serve: model '{model_id}' ({} slots x {n_ctx} ctx) listening on http://{addr}",
+                "damascus serve: model '{model_id}' ({} sequences, {n_ctx} ctx) listening on http://{addr}",
                 parallel
             );
         },

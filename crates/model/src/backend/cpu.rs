@@ -38,7 +38,9 @@ use damascus_kernels::reference::AttnShape;
 
 use super::profile::OpProfile;
 use super::reference::{HostAct, check_len, host_ops};
-use super::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use super::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
+
+mod paged;
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
@@ -907,6 +909,37 @@ impl Backend for CpuBackend {
             p.pass(n_tokens);
         }
         Ok(())
+    }
+
+    fn copy_rows(
+        &self,
+        src: &HostAct,
+        rows: &[usize],
+        dst: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        host_ops::copy_rows(src, rows, dst)
+    }
+
+    fn supports_batches(&self) -> bool {
+        true
+    }
+
+    fn attention_batch(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut HostAct,
+        k: &mut HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        self.timed(
+            || "attention".into(),
+            || self.paged_attention(cache, layer, attn, rope, batch, q, k, v, out),
+        )
     }
 
     fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {

@@ -105,6 +105,42 @@ pub struct RopeParams {
     pub inv_freq: Vec<f32>,
 }
 
+/// One sequence's rows in a batched pass over a paged KV cache.
+#[derive(Clone, Debug)]
+pub struct SeqSpan<'a> {
+    /// Rows of the activations that belong to it (consecutive, in sequence order).
+    pub rows: std::ops::Range<usize>,
+    /// Position of its first row (positions `0..pos0` are already in the cache).
+    pub pos0: usize,
+    /// Its block table: position `p` lives in slot `table[p / block_size] * block_size + p %
+    /// block_size` of the cache; covers `pos0 + rows.len()` positions.
+    pub table: &'a [u32],
+}
+
+/// The sequences of one batched pass, over a KV cache of `n_ctx` slots cut into blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedBatch<'a> {
+    /// Slots per block.
+    pub block_size: usize,
+    /// The sequences, their rows consecutive and covering every row.
+    pub seqs: &'a [SeqSpan<'a>],
+}
+
+impl PagedBatch<'_> {
+    /// The one sequence of a batch whose blocks are the cache's first ones in order (a
+    /// private cache), if that is what this batch is.
+    pub fn single_contiguous(&self) -> Option<&SeqSpan<'_>> {
+        match self.seqs {
+            [s] if s.rows.start == 0
+                && s.table.iter().enumerate().all(|(i, &b)| b as usize == i) =>
+            {
+                Some(s)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The ops of a Llama forward pass. All activations are `[n_tokens, width]` f32 in meaning;
 /// their physical layout and location are the backend's business.
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -273,6 +309,59 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Overwrites `x` with host `[n_tokens, width]` f32, row-major: the inverse of
     /// [`Backend::read`] (how [`split::Split`] moves activations between backends).
     fn write(&self, x: &mut Self::Act, data: &[f32]) -> Result<(), ModelError>;
+
+    /// Whether [`Backend::attention_batch`] takes several sequences over a shared paged cache
+    /// (the server then batches requests). Default: no.
+    fn supports_batches(&self) -> bool {
+        false
+    }
+
+    /// The attention of a batched pass: for every sequence of `batch`, RoPE on its rows of `q`
+    /// and `k` at its own positions, its keys and values written into its slots of `cache`,
+    /// then causal GQA attention of each of its rows over its own positions into `out`. A row's
+    /// result must not depend on the other rows (batch invariance). Default: a batch of one
+    /// sequence over a private cache ([`PagedBatch::single_contiguous`]), through
+    /// [`Backend::rope_attention`]; backends that return true from
+    /// [`Backend::supports_batches`] override it.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_batch(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        match batch.single_contiguous() {
+            Some(s) => self.rope_attention(cache, layer, attn, s.pos0, rope, q, k, v, out),
+            None => Err(ModelError::Tensor {
+                what: format!(
+                    "the {} backend runs one sequence at a time (no batched attention)",
+                    self.name()
+                ),
+            }),
+        }
+    }
+
+    /// Copies rows `rows` of `src` `[n_tokens, n]` into `dst` `[rows.len(), n]`. Default: one
+    /// row through [`Backend::copy_row`].
+    fn copy_rows(
+        &self,
+        src: &Self::Act,
+        rows: &[usize],
+        dst: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        match rows {
+            [r] => self.copy_row(src, *r, dst),
+            _ => Err(ModelError::Tensor {
+                what: format!("the {} backend copies one row at a time", self.name()),
+            }),
+        }
+    }
 
     /// Q, K and V projections of the same normed input `x` `[n_tokens, n_embd]`.
     /// Default: three [`Backend::matmul`]s.

@@ -5,7 +5,9 @@
 use damascus_kernels::quantdot::{f16_to_f32, f32_to_f16};
 use damascus_kernels::reference as k;
 
-use super::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use super::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
+
+mod paged;
 use crate::error::ModelError;
 use crate::tensor::FileTensor;
 
@@ -108,6 +110,21 @@ pub(super) mod host_ops {
         }
         dst.data
             .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
+        Ok(())
+    }
+
+    /// `dst[i] = src[rows[i]]` — src [n_tokens, width], dst [rows.len(), width].
+    pub fn copy_rows(src: &HostAct, rows: &[usize], dst: &mut HostAct) -> Result<(), ModelError> {
+        check_len("copy_rows", "dst", dst.data.len(), rows.len() * src.width)?;
+        for (i, &row) in rows.iter().enumerate() {
+            if row >= src.n_tokens {
+                return Err(ModelError::Tensor {
+                    what: format!("copy_rows: row {row} of {}", src.n_tokens),
+                });
+            }
+            dst.data[i * src.width..(i + 1) * src.width]
+                .copy_from_slice(&src.data[row * src.width..(row + 1) * src.width]);
+        }
         Ok(())
     }
 
@@ -329,6 +346,34 @@ impl Backend for ReferenceBackend {
 
     fn copy_row(&self, src: &HostAct, row: usize, dst: &mut HostAct) -> Result<(), ModelError> {
         host_ops::copy_row(src, row, dst)
+    }
+
+    fn copy_rows(
+        &self,
+        src: &HostAct,
+        rows: &[usize],
+        dst: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        host_ops::copy_rows(src, rows, dst)
+    }
+
+    fn supports_batches(&self) -> bool {
+        true
+    }
+
+    fn attention_batch(
+        &self,
+        cache: &mut HostKvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut HostAct,
+        k: &mut HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        paged::attention_batch(cache, layer, attn, rope, batch, q, k, v, out)
     }
 
     fn read(&self, x: &HostAct) -> Result<Vec<f32>, ModelError> {

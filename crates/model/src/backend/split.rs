@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
@@ -445,6 +445,74 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
             Side::B => self.b.add(own(&mut x.b), &lock(&y.b))?,
         }
         Self::wrote(x, side);
+        Ok(())
+    }
+
+    fn supports_batches(&self) -> bool {
+        self.a.supports_batches() && self.b.supports_batches()
+    }
+
+    fn attention_batch(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        let side = self.side_of_layer(layer);
+        for x in [&*q, &*k, v] {
+            self.ensure(x, side)?;
+        }
+        let missing = || ModelError::Tensor {
+            what: format!("split backend: no KV cache for layer {layer}"),
+        };
+        match side {
+            Side::A => self.a.attention_batch(
+                cache.a.as_mut().ok_or_else(missing)?,
+                layer,
+                attn,
+                rope,
+                batch,
+                own(&mut q.a),
+                own(&mut k.a),
+                &lock(&v.a),
+                own(&mut out.a),
+            )?,
+            Side::B => self.b.attention_batch(
+                cache.b.as_mut().ok_or_else(missing)?,
+                layer - self.first_b,
+                attn,
+                rope,
+                batch,
+                own(&mut q.b),
+                own(&mut k.b),
+                &lock(&v.b),
+                own(&mut out.b),
+            )?,
+        }
+        for x in [q, k, out] {
+            Self::wrote(x, side);
+        }
+        Ok(())
+    }
+
+    fn copy_rows(
+        &self,
+        src: &Self::Act,
+        rows: &[usize],
+        dst: &mut Self::Act,
+    ) -> Result<(), ModelError> {
+        let side = Self::side_of_act(src);
+        match side {
+            Side::A => self.a.copy_rows(&lock(&src.a), rows, own(&mut dst.a))?,
+            Side::B => self.b.copy_rows(&lock(&src.b), rows, own(&mut dst.b))?,
+        }
+        Self::wrote(dst, side);
         Ok(())
     }
 

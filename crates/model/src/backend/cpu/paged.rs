@@ -1,0 +1,200 @@
+//! [`Backend::attention_batch`](crate::backend::Backend::attention_batch) on the CPU: the
+//! layer caches are the pool (`[n_head_kv, n_slots, head_dim]`, blocks of `block_size` slots),
+//! every sequence's rows are rotated at their own positions and written into their own slots,
+//! then every token attends over its own sequence's positions through one kernel,
+//! [`damascus_kernels::attn_paged`], whatever the number of tokens: a token's result never
+//! depends on the batch around it or on how its prefix was computed.
+
+use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
+use damascus_kernels::reference as k;
+
+use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
+use crate::backend::reference::{HostAct, check_len};
+use crate::backend::{AttnSpec, KvShape, PagedBatch, RopeParams};
+use crate::error::ModelError;
+
+impl CpuBackend {
+    /// See [`crate::backend::Backend::attention_batch`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn paged_attention(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut HostAct,
+        kk: &mut HostAct,
+        v: &HostAct,
+        out: &mut HostAct,
+    ) -> Result<(), ModelError> {
+        let shape = attn.shape;
+        let KvShape {
+            n_ctx: n_slots,
+            n_head_kv,
+            head_dim: hd,
+            ..
+        } = cache.shape;
+        let bs = batch.block_size;
+        let q_width = shape.n_head * hd;
+        let kv_width = n_head_kv * hd;
+        let n_tokens = q.n_tokens;
+        check_len("attention", "q row", q.width, q_width)?;
+        check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
+        check_len("attention", "out", out.data.len(), q.data.len())?;
+        if shape.n_head_kv != n_head_kv || shape.head_dim != hd || bs == 0 {
+            return Err(ModelError::Tensor {
+                what: format!("attention: shape {shape:?} does not match the cache"),
+            });
+        }
+        let n_blocks = n_slots / bs;
+        let mut covered = 0;
+        for s in batch.seqs {
+            let end = s.pos0 + s.rows.len();
+            if s.rows.start != covered
+                || s.rows.end > n_tokens
+                || end.div_ceil(bs) > s.table.len()
+                || s.table.iter().any(|&b| b as usize >= n_blocks)
+            {
+                return Err(ModelError::Tensor {
+                    what: format!(
+                        "attention: sequence rows {:?} at {} with {} blocks of {bs} (pool of {n_blocks})",
+                        s.rows,
+                        s.pos0,
+                        s.table.len()
+                    ),
+                });
+            }
+            covered = s.rows.end;
+        }
+        if covered != n_tokens {
+            return Err(ModelError::Tensor {
+                what: format!("attention: sequences cover {covered} of {n_tokens} rows"),
+            });
+        }
+        // Rotate every sequence's rows at its own positions.
+        for s in batch.seqs {
+            for (t, row) in s.rows.clone().enumerate() {
+                let p = s.pos0 + t;
+                k::rope(
+                    &mut q.data[row * q_width..][..q_width],
+                    shape.n_head,
+                    hd,
+                    p,
+                    &rope.inv_freq,
+                    rope.layout,
+                );
+                k::rope(
+                    &mut kk.data[row * kv_width..][..kv_width],
+                    n_head_kv,
+                    hd,
+                    p,
+                    &rope.inv_freq,
+                    rope.layout,
+                );
+            }
+        }
+        let slot = |table: &[u32], p: usize| table[p / bs] as usize * bs + p % bs;
+        let no_layer = || ModelError::Tensor {
+            what: format!("attention: no cache for layer {layer}"),
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        match &mut cache.store {
+            KvStore::F16 { k: ks, v: vs } => {
+                let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
+                    (Some(kc), Some(vc)) => (kc, vc),
+                    _ => return Err(no_layer()),
+                };
+                for s in batch.seqs {
+                    for (t, row) in s.rows.clone().enumerate() {
+                        let sl = slot(s.table, s.pos0 + t);
+                        for h in 0..n_head_kv {
+                            let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
+                            let dst = (h * n_slots + sl) * hd;
+                            damascus_kernels::elementwise::f32_to_f16_slice(
+                                &kk.data[src.clone()],
+                                &mut kc[dst..dst + hd],
+                            );
+                            damascus_kernels::elementwise::f32_to_f16_slice(
+                                &v.data[src],
+                                &mut vc[dst..dst + hd],
+                            );
+                        }
+                    }
+                }
+                let queries: Vec<PagedQuery<'_>> = batch
+                    .seqs
+                    .iter()
+                    .flat_map(|s| {
+                        (0..s.rows.len()).map(move |t| PagedQuery {
+                            table: s.table,
+                            lo: attn.first_visible(s.pos0 + t),
+                            hi: s.pos0 + t + 1,
+                            scale,
+                        })
+                    })
+                    .collect();
+                let pshape = PagedShape {
+                    n_head: shape.n_head,
+                    n_head_kv,
+                    head_dim: hd,
+                    n_slots,
+                    block_size: bs,
+                };
+                attn_paged_f16(
+                    &queries,
+                    &q.data,
+                    kc,
+                    vc,
+                    pshape,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e))
+            }
+            KvStore::F32 { k: ks, v: vs } => {
+                let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
+                    (Some(kc), Some(vc)) => (kc, vc),
+                    _ => return Err(no_layer()),
+                };
+                let group = shape.n_head / n_head_kv;
+                let mut scores = Vec::new();
+                for s in batch.seqs {
+                    for (t, row) in s.rows.clone().enumerate() {
+                        let sl = slot(s.table, s.pos0 + t);
+                        for h in 0..n_head_kv {
+                            let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
+                            let dst = (h * n_slots + sl) * hd;
+                            kc[dst..dst + hd].copy_from_slice(&kk.data[src.clone()]);
+                            vc[dst..dst + hd].copy_from_slice(&v.data[src]);
+                        }
+                    }
+                    for (t, row) in s.rows.clone().enumerate() {
+                        let n_vis = s.pos0 + t + 1;
+                        let lo = attn.first_visible(s.pos0 + t);
+                        for h in 0..shape.n_head {
+                            let base = (h / group) * n_slots * hd;
+                            let qh = &q.data[row * q_width + h * hd..][..hd];
+                            scores.clear();
+                            scores.extend((lo..n_vis).map(|p| {
+                                let o = base + slot(s.table, p) * hd;
+                                dot_f32(qh, &kc[o..o + hd]) * scale
+                            }));
+                            k::softmax(&mut scores);
+                            let oh = &mut out.data[row * q_width + h * hd..][..hd];
+                            oh.fill(0.0);
+                            for (p, &w) in (lo..).zip(scores.iter()) {
+                                let o = base + slot(s.table, p) * hd;
+                                for (x, &y) in oh.iter_mut().zip(&vc[o..o + hd]) {
+                                    *x += w * y;
+                                }
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
