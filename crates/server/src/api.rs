@@ -209,6 +209,7 @@ const COMMON_FIELDS: &[&str] = &[
     "min_p",
     "seed",
     "cache_prompt",
+    "ignore_eos",
     "stop",
     "presence_penalty",
     "frequency_penalty",
