@@ -19,7 +19,16 @@ pub struct Args {
 
 /// Run `damascus pull`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let path = match classify_model(args.url.as_deref())? {
+    let spec = args.url.as_deref();
+    let what = classify_model(spec).map_err(|e| match (spec, e) {
+        // `pull` takes a URL or a name; a missing local path is neither.
+        (Some(s), damascus_hub::HubError::NotFound(_)) => anyhow::anyhow!(
+            "{s} is not an http(s) URL nor a known model name (known: {})",
+            damascus_hub::known_names()
+        ),
+        (_, e) => e.into(),
+    })?;
+    let path = match what {
         ModelRef::Default | ModelRef::Known(_) if args.sha256.is_some() => {
             bail!("--sha256 applies to URLs; the checksums of named models are pinned")
         }
