@@ -50,7 +50,6 @@ def one_request(url, model, ids, gen, out, start_barrier, timeout):
         "model": model,
         "prompt": ids,
         "max_tokens": gen,
-        "n_predict": gen,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
