@@ -128,6 +128,21 @@ def run(base, key):
     r = c.completions.create(model=model, prompt=["1, 2, 3,", "a, b, c,"], max_tokens=3,
                              temperature=0)
     check("list of prompts", len(r.choices) == 2 and r.choices[1].index == 1)
+
+    # Embeddings: the client asks for base64 by default and decodes it; float on request.
+    e = c.embeddings.create(model=model, input=["a cat sat on the mat", "a kitten sat on the rug",
+                                                "quarterly tax filing deadline"])
+    vecs = [d.embedding for d in e.data]
+    norms = [sum(x * x for x in v) for v in vecs]
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    check("embeddings (base64)", len(vecs) == 3 and len(set(map(len, vecs))) == 1
+          and all(abs(n - 1.0) < 1e-4 for n in norms) and e.usage.prompt_tokens > 0,
+          f"dim {len(vecs[0])}")
+    check("embeddings: similar texts are closer", dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2]),
+          f"{dot(vecs[0], vecs[1]):.3f} vs {dot(vecs[0], vecs[2]):.3f}")
+    f = c.embeddings.create(model=model, input="a cat sat on the mat", encoding_format="float")
+    check("embeddings (float) == base64", max(abs(a - b) for a, b in
+                                              zip(f.data[0].embedding, vecs[0])) < 1e-6)
     try:
         c.completions.create(model=model, prompt="Hi", max_tokens=2, suffix="!")
         check("suffix -> 400 unsupported_parameter", False)

@@ -37,7 +37,8 @@ pub struct StreamOptions {
 pub struct Params {
     /// Model name; must be the served id or an alias when given.
     pub model: Option<String>,
-    /// Token budget.
+    /// Token budget (llama-server's `n_predict` is accepted as its other name).
+    #[serde(alias = "n_predict")]
     pub max_tokens: Option<i64>,
     /// Newer spelling of `max_tokens`.
     pub max_completion_tokens: Option<i64>,
@@ -202,6 +203,7 @@ pub struct DetokenizeRequest {
 const COMMON_FIELDS: &[&str] = &[
     "model",
     "max_tokens",
+    "n_predict",
     "max_completion_tokens",
     "temperature",
     "top_p",
