@@ -17,6 +17,10 @@ pub struct KernelSettings {
     pub isa: Option<Isa>,
     /// Prompts through the prefill GEMM (else per-token dot products). `DAMASCUS_GEMM`.
     pub gemm: bool,
+    /// Weights left in the file layout take the prefill GEMM for prompts too (off by default:
+    /// its rounding differs from the per-row dot products, so a row's result would depend on
+    /// how many rows share the matmul). `DAMASCUS_FILE_GEMM=1`.
+    pub file_layout_gemm: bool,
     /// Prompts multiply in int8 where the weight type allows (else bf16 panels).
     /// `DAMASCUS_GEMM_INT8`.
     pub int8: bool,
@@ -40,6 +44,7 @@ impl Default for KernelSettings {
         KernelSettings {
             isa: None,
             gemm: true,
+            file_layout_gemm: false,
             int8: true,
             repack: true,
             attn_amx: true,
@@ -75,13 +80,17 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 9] = [
+    pub const VARS: [(&'static str, &'static str); 10] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
         ),
         ("DAMASCUS_GEMM", "0: prompts on per-token dot products"),
         ("DAMASCUS_GEMM_INT8", "0: prompts on the bf16-panel GEMM"),
+        (
+            "DAMASCUS_FILE_GEMM",
+            "1: file-layout weights take the prompt GEMM (not batch-invariant)",
+        ),
         ("DAMASCUS_REPACK", "0: weights stay in the file layout"),
         ("DAMASCUS_ATTN_AMX", "0: prompt attention on the f32 kernel"),
         (
@@ -125,6 +134,7 @@ impl KernelSettings {
         Ok(KernelSettings {
             isa,
             gemm: !off("DAMASCUS_GEMM"),
+            file_layout_gemm: val("DAMASCUS_FILE_GEMM").is_some_and(|v| v == "1"),
             int8: !off("DAMASCUS_GEMM_INT8"),
             repack: !off("DAMASCUS_REPACK"),
             attn_amx: !off("DAMASCUS_ATTN_AMX"),

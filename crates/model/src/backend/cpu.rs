@@ -87,6 +87,9 @@ pub struct CpuBackend {
     /// `DAMASCUS_REPACK=0` or
     /// [`CpuBackend::with_repack`] keeps every weight in the mapping.
     repack: bool,
+    /// File-layout weights take the prefill GEMM for prompts (`KernelSettings::file_layout_gemm`;
+    /// off: every row through the dot products, the same bits at any row count).
+    pub(super) file_layout_gemm: bool,
     /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
     repacked: Mutex<(usize, usize, f64)>,
 }
@@ -159,6 +162,7 @@ impl CpuBackend {
             gemm_bufs: Mutex::new((None, None)),
             packed_path,
             repack,
+            file_layout_gemm: settings.file_layout_gemm,
             repacked: Mutex::new((0, 0, 0.0)),
         }
     }

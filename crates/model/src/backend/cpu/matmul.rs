@@ -360,7 +360,14 @@ impl CpuBackend {
             }
             return Ok(());
         }
-        if let Some(path) = self.gemm.filter(|_| n_tokens >= GEMM_MIN_TOKENS)
+        // Matrices left in the file layout take the per-row dot products at every row count:
+        // a row's result must not depend on how many rows (sequences, prompt chunks) share the
+        // matmul — a cached prefix and a batch give the same logits as a fresh lone prompt. The
+        // file-layout GEMM (bf16 panels) rounds differently, so it runs only where asked for
+        // (`KernelSettings::file_layout_gemm`, for measuring it).
+        if let Some(path) = self
+            .gemm
+            .filter(|_| n_tokens >= GEMM_MIN_TOKENS && self.file_layout_gemm)
             && ws.iter().all(|w| w.gemm_ok && w.cols == x.width)
         {
             return self.gemm_matmuls(path, ws, x, outs, swiglu);
