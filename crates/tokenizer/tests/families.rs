@@ -14,30 +14,9 @@ use damascus_gguf::GgufFile;
 use damascus_tokenizer::{ChatTemplate, ModelKind, PreTokenizer, Tokenizer, TokenizerSpec};
 use serde_json::Value as Json;
 
-fn fixture(name: &str) -> Json {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&s).unwrap()
-}
+mod common;
 
-fn corpus() -> Vec<String> {
-    fixture("corpus.json")["strings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use common::{corpus, fixture, ids};
 
 fn locate(
     env: &str,
