@@ -206,3 +206,36 @@ fn requantized_q8_0_fast_path_tracks_the_reference() {
     }
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// Every family on the CUDA backend, whole (`-ngl 99`) and split with the CPU (`-ngl` one layer
+/// short): the fast-path bar (logits cosine ≥ 0.999, same top-1, same 32 greedy tokens).
+/// Without a device this says SKIPPED, unless `DAMASCUS_REQUIRE_CUDA=1` (the GPU machine).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_matches_hf() {
+    use damascus_model::ModelError;
+    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    if let Err(ModelError::Cuda(damascus_cuda::CudaError::NoDevice(why))) =
+        damascus_model::backend::cuda::CudaBackend::new(0)
+    {
+        assert!(!required, "no CUDA device: {why}");
+        eprintln!("SKIPPED: no CUDA device ({why})");
+        return;
+    }
+    for family in FAMILIES {
+        let n_layer = load(family, BackendKind::Reference).params().n_layer;
+        for ngl in [None, Some(n_layer - 1)] {
+            let m = load(
+                family,
+                BackendKind::Cuda {
+                    device: 0,
+                    n_gpu_layers: ngl,
+                    n_threads: Some(2),
+                },
+            );
+            let what = format!("cuda -ngl {ngl:?}");
+            check_forward(&m, family, &Tolerance::FAST, &what);
+            check_greedy(&m, family, &what);
+        }
+    }
+}
