@@ -262,7 +262,16 @@ fn build_state(
         )?;
         (q, w, n_ctx)
     };
-    let template = damascus_tokenizer::ChatTemplate::from_tokenizer(&tok).ok();
+    // A model without `tokenizer.chat_template` (a base model) chats through the built-in
+    // template of its family, as llama-server falls back to one.
+    let (template, fallback) =
+        damascus_tokenizer::ChatTemplate::for_model(&tok, &model.config().arch);
+    if let Some(name) = fallback {
+        eprintln!(
+            "damascus serve: the model has no chat template; using the built-in {name:?} one"
+        );
+    }
+    let template = Some(template);
     let state = Arc::new(AppState {
         cfg,
         tok,

@@ -76,6 +76,14 @@ pub enum TokenizerError {
         "the model has no chat template (tokenizer.chat_template); pass one with --chat-template FILE"
     )]
     NoChatTemplate,
+    /// `--chat-template NAME` names no built-in template.
+    #[error("no built-in chat template {name:?} (built in: {known})")]
+    UnknownTemplate {
+        /// The name asked for.
+        name: String,
+        /// The built-in names, comma-separated.
+        known: String,
+    },
     /// The chat template failed to compile or render (includes `raise_exception` messages).
     #[error("chat template: {0:#}")]
     Template(#[from] minijinja::Error),

@@ -5,6 +5,11 @@
 //! Python string/dict methods (`.strip()`, `.items()`, via minijinja-contrib's pycompat), and the
 //! globals HF installs: `raise_exception(msg)`, `strftime_now(fmt)`, and a `tojson` filter that
 //! prints like Python's `json.dumps` (`", "` / `": "` separators, no HTML escaping, `indent=`).
+//!
+//! A GGUF without `tokenizer.chat_template` (base models such as Gemma 3 270M) still chats, as
+//! with llama-server: [`ChatTemplate::for_model`] falls back to a built-in template
+//! ([`BUILTIN_TEMPLATES`]: the family's own turn format where we carry one, else ChatML), and
+//! says so.
 
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -37,6 +42,37 @@ impl ChatTemplate {
     pub fn from_tokenizer(tok: &crate::Tokenizer) -> Result<Self> {
         let src = tok.chat_template().ok_or(TokenizerError::NoChatTemplate)?;
         Ok(Self::new(src, tok.bos_text(), tok.eos_text()))
+    }
+
+    /// A built-in template by name (`chatml`, `gemma`; llama.cpp's `--chat-template NAME`).
+    pub fn builtin(name: &str, tok: &crate::Tokenizer) -> Result<Self> {
+        let (_, src) = BUILTIN_TEMPLATES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .ok_or_else(|| TokenizerError::UnknownTemplate {
+                name: name.to_string(),
+                known: BUILTIN_TEMPLATES.map(|(n, _)| n).join(", "),
+            })?;
+        Ok(Self::new(*src, tok.bos_text(), tok.eos_text()))
+    }
+
+    /// The model's own template, else the built-in one for its `general.architecture`
+    /// (`gemma*` → `gemma`, anything else → `chatml`). The second value names the built-in
+    /// template when it was a fallback, for the caller to tell the user.
+    pub fn for_model(tok: &crate::Tokenizer, architecture: &str) -> (Self, Option<&'static str>) {
+        if let Ok(own) = Self::from_tokenizer(tok) {
+            return (own, None);
+        }
+        let name = if architecture.starts_with("gemma") {
+            "gemma"
+        } else {
+            "chatml"
+        };
+        let (_, src) = BUILTIN_TEMPLATES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("the fallback names are built in");
+        (Self::new(*src, tok.bos_text(), tok.eos_text()), Some(name))
     }
 
     /// The Jinja source.
@@ -78,6 +114,12 @@ impl ChatTemplate {
         Ok(tmpl.render(Value::from_serialize(&ctx))?)
     }
 }
+
+/// Templates carried for models whose GGUF has none: `(name, Jinja source)`.
+pub const BUILTIN_TEMPLATES: [(&str, &str); 2] = [
+    ("chatml", include_str!("templates/chatml.jinja")),
+    ("gemma", include_str!("templates/gemma.jinja")),
+];
 
 /// The minijinja environment configured like HF's `ImmutableSandboxedEnvironment`.
 fn environment() -> Environment<'static> {
@@ -357,6 +399,41 @@ mod tests {
         );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+    }
+
+    fn builtin(name: &str) -> ChatTemplate {
+        let (_, src) = BUILTIN_TEMPLATES.iter().find(|(n, _)| *n == name).unwrap();
+        ChatTemplate::new(*src, "<bos>", "<eos>")
+    }
+
+    #[test]
+    fn builtin_templates_render_the_family_turn_formats() {
+        let msgs: Json = serde_json::from_str(
+            r#"[{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": " Hi "},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "And?"}]"#,
+        )
+        .unwrap();
+        // Gemma's own format: the system text opens the first user turn.
+        assert_eq!(
+            builtin("gemma").render(&msgs, true, None).unwrap(),
+            "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello<end_of_turn>\n\
+             <start_of_turn>user\nAnd?<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            builtin("chatml").render(&msgs, false, None).unwrap(),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n\
+             <|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n"
+        );
+        // A tool-call turn without content renders as an empty turn, not an error.
+        let calls: Json =
+            serde_json::from_str(r#"[{"role": "assistant", "content": null, "tool_calls": []}]"#)
+                .unwrap();
+        for (name, _) in BUILTIN_TEMPLATES {
+            builtin(name).render(&calls, true, None).unwrap();
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ use damascus_runtime::chat::{Chat, ChatConfig};
 use damascus_runtime::generate::{Event, StopReason};
 use damascus_runtime::sampler::SamplerChain;
 use damascus_runtime::sequence::Sequence;
+use damascus_tokenizer::ChatTemplate;
 
 use super::generate::{EngineArgs, SamplingArgs, ctrl_c_flag, print_perf};
 
@@ -137,14 +138,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (model, tok) = args.engine.load()?;
     let scfg = args.sampling.sampler_config(model.n_ctx())?;
     let seq = Sequence::new(model.session()?);
-    let mut chat = Chat::new(
+    let (template, fallback) = ChatTemplate::for_model(&tok, &model.config().arch);
+    if let Some(name) = fallback {
+        errln!("damascus chat: the model has no chat template; using the built-in {name:?} one");
+    }
+    let mut chat = Chat::with_template(
         seq,
-        &tok,
+        template,
         ChatConfig {
             system: args.system.clone(),
             context_shift: args.context_shift,
         },
-    )?;
+    );
     // The line editor first: creating it installs rustyline's own SIGINT handler (for the
     // lifetime of the editor), which would swallow Ctrl-C during a reply on a terminal. Our
     // handler, installed after it, replaces it (at the prompt Ctrl-C arrives as a key anyway).
