@@ -290,7 +290,8 @@ impl Registry {
             let pinned = matches!(reg.entries[i].source, ModelSource::Loaded(..));
             if pinned || (i == 0 && models.preload_default) {
                 reg.make_room(i);
-                let state = reg.open(i).map_err(|message| ServerError::Model {
+                // A failure here is the startup's error; no log line besides.
+                let state = reg.open(i, false).map_err(|message| ServerError::Model {
                     id: reg.entries[i].id.clone(),
                     message,
                 })?;
@@ -357,7 +358,7 @@ impl Registry {
         self.make_room(i);
         lock(&self.table).loading = Some(i);
         let me = Arc::clone(&self);
-        let res = tokio::task::spawn_blocking(move || me.open(i)).await;
+        let res = tokio::task::spawn_blocking(move || me.open(i, true)).await;
         lock(&self.table).loading = None;
         let id = &self.entries[i].id;
         match res {
@@ -367,8 +368,9 @@ impl Registry {
         }
     }
 
-    /// Loads entry `i` and starts its engine (blocking).
-    fn open(&self, i: usize) -> Result<AppState, String> {
+    /// Loads entry `i` and starts its engine (blocking); `log`: a line on stderr (with
+    /// request logging on).
+    fn open(&self, i: usize, log: bool) -> Result<AppState, String> {
         let e = &self.entries[i];
         let t0 = std::time::Instant::now();
         let res = match &e.source {
@@ -387,7 +389,7 @@ impl Registry {
         match &res {
             Ok(_) => {
                 e.loads.fetch_add(1, Ordering::Relaxed);
-                if self.cfg.log_requests && self.entries.len() > 1 {
+                if log && self.cfg.log_requests {
                     eprintln!(
                         "damascus serve: loaded model '{}' in {:.2} s",
                         e.id,
@@ -397,7 +399,7 @@ impl Registry {
             }
             Err(msg) => {
                 e.load_failures.fetch_add(1, Ordering::Relaxed);
-                if self.cfg.log_requests {
+                if log && self.cfg.log_requests {
                     eprintln!("damascus serve: loading model '{}' failed: {msg}", e.id);
                 }
             }
