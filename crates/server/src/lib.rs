@@ -167,9 +167,16 @@ pub struct AppState {
     /// The engine's threads; taken by [`models::Registry::join_all`] or, when the last
     /// reference goes, joined in the background.
     workers: std::sync::Mutex<Option<worker::Workers>>,
+    /// Request numbers, shared by every model of the server (reply ids stay unique).
+    ids: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AppState {
+    /// A fresh request number (`chatcmpl-N`), unique across the server's models.
+    pub fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
     /// Stops the engine: no new jobs, running ones cancelled.
     pub(crate) fn stop(&self) {
         self.queue.shutdown();
@@ -298,6 +305,7 @@ pub(crate) fn build_model(
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
     metrics: Arc<metrics::Metrics>,
+    ids: Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<AppState, ServerError> {
     let n_ctx = cfg.n_ctx.unwrap_or(model.n_ctx());
     let (queue, workers, n_ctx) = if model.supports_batches() {
@@ -341,6 +349,7 @@ pub(crate) fn build_model(
         model,
         grammar_vocab: std::sync::OnceLock::new(),
         workers: std::sync::Mutex::new(Some(workers)),
+        ids,
     })
 }
 

@@ -157,6 +157,8 @@ pub struct Registry {
     /// Unloaded models that may still run requests (stopped too at shutdown).
     retired: Mutex<Vec<Weak<AppState>>>,
     started: u64,
+    /// Request numbers of every model.
+    ids: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -285,6 +287,7 @@ impl Registry {
             cfg,
             retired: Mutex::new(Vec::new()),
             started: crate::now_unix(),
+            ids: Arc::default(),
         };
         for i in 0..n {
             let pinned = matches!(reg.entries[i].source, ModelSource::Loaded(..));
@@ -384,7 +387,14 @@ impl Registry {
             let mut cfg = self.cfg.clone();
             cfg.model_id = e.id.clone();
             cfg.aliases = e.aliases.clone();
-            crate::build_model(cfg, model, tok, Arc::clone(&e.metrics)).map_err(|e| e.to_string())
+            crate::build_model(
+                cfg,
+                model,
+                tok,
+                Arc::clone(&e.metrics),
+                Arc::clone(&self.ids),
+            )
+            .map_err(|e| e.to_string())
         });
         match &res {
             Ok(_) => {

@@ -479,7 +479,7 @@ async fn start(
     params: &Params,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let n = st.queue.next_id();
+    let n = st.next_id();
     let kind = spec.kind;
     let n_choices = spec.prompts.len() * spec.n;
     let job = Job {

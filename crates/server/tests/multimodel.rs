@@ -232,6 +232,14 @@ fn routes_by_model_and_lists_every_model() {
     assert_eq!(default.json()["model"], "a");
     assert_eq!(content(&via_a), content(&replies[0]));
     assert_eq!(content(&default), content(&via_a));
+    // Reply ids are unique across the models.
+    let mut ids: Vec<String> = [&replies[0], &replies[1], &via_a, &default]
+        .iter()
+        .map(|r| r.json()["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "{ids:?}");
 
     // One model by id; unknown ids are 404 `model_not_found`, naming the available ones.
     let one = get(addr, "/v1/models/b");
