@@ -5,6 +5,8 @@
 //!
 //! The model is `$DAMASCUS_TEST_MODEL`, else the binary's default model (pulled on first use).
 
+#![cfg(unix)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;

@@ -8,6 +8,8 @@
 //! The models are the default model (`a`), a symlink to it under another name (`b`) and a file
 //! of garbage (`bad`), in a scratch directory.
 
+#![cfg(unix)]
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
