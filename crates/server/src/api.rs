@@ -177,6 +177,9 @@ pub struct CompletionRequest {
 pub struct TokenizeRequest {
     /// Text to tokenize.
     pub content: String,
+    /// The model whose tokenizer to use (default: the server's default model).
+    #[serde(default)]
+    pub model: Option<String>,
     /// Add BOS/EOS as the model's metadata asks.
     #[serde(default)]
     pub add_special: bool,
@@ -197,6 +200,9 @@ fn yes() -> bool {
 pub struct DetokenizeRequest {
     /// Token ids.
     pub tokens: Vec<u32>,
+    /// The model whose tokenizer to use (default: the server's default model).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// Request fields both generation endpoints implement.

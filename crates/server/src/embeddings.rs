@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use damascus_model::embed::{Pooling, embed};
 use serde_json::{Value, json};
 
-use crate::AppState;
 use crate::routes::{ApiError, body_or_error};
+use crate::{AppState, ServerState};
 
 /// Fields this route understands; any other answers 400 `unsupported_parameter`.
 const FIELDS: &[&str] = &["input", "model", "encoding_format", "user"];
@@ -98,7 +98,7 @@ fn base64(bytes: &[u8]) -> String {
 
 /// `POST /v1/embeddings`.
 pub async fn embeddings(
-    State(st): State<Arc<AppState>>,
+    State(srv): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
@@ -115,21 +115,10 @@ pub async fn embeddings(
         )
         .with_code("unsupported_parameter"));
     }
-    if let Some(m) = obj.get("model").and_then(Value::as_str)
-        && m != st.cfg.model_id
-        && !st.cfg.aliases.iter().any(|a| a == m)
-    {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "the model '{m}' does not exist; this server serves '{}'",
-                st.cfg.model_id
-            ),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-        });
-    }
+    let st = srv
+        .models
+        .get(obj.get("model").and_then(Value::as_str))
+        .await?;
     let b64 = match obj.get("encoding_format").map(|v| v.as_str()) {
         None | Some(Some("float")) => false,
         Some(Some("base64")) => true,

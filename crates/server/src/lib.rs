@@ -8,6 +8,8 @@
 //!   queue (full queue = HTTP 503). Tokens stream back over a channel; a dropped receiver (client
 //!   gone) raises the generation's cancel flag.
 //! - [`metrics`]: counters and gauges rendered in Prometheus text format.
+//! - [`models`]: several models in one server — the registry that routes a request's `model`
+//!   to a loaded model ([`AppState`]), loads on first use and unloads the least recently used.
 //!
 //! Model work never runs on the async runtime: handlers only validate, enqueue and forward.
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ pub mod api;
 pub mod embeddings;
 pub mod engine;
 pub mod metrics;
+pub mod models;
 pub mod routes;
 pub mod structured;
 pub mod worker;
@@ -42,6 +45,14 @@ pub enum ServerError {
     Slot {
         /// Slot index.
         slot: usize,
+        /// What went wrong.
+        message: String,
+    },
+    /// A model of the server could not be used (file, size, load).
+    #[error("model '{id}': {message}")]
+    Model {
+        /// The model's id.
+        id: String,
         /// What went wrong.
         message: String,
     },
@@ -114,9 +125,28 @@ impl Default for ServerConfig {
     }
 }
 
-/// What every handler shares.
-pub struct AppState {
+/// What the routes share: settings, the server-wide counters and the models.
+pub struct ServerState {
     /// Settings.
+    pub cfg: ServerConfig,
+    /// Server-wide counters (requests, errors; with one model also that model's counters).
+    pub metrics: Arc<metrics::Metrics>,
+    /// Every model the server knows, loaded or not.
+    pub models: Arc<models::Registry>,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// One loaded model: what its handlers share. A request holds an `Arc` of it until its reply
+/// ends; when the last one goes (the model was unloaded), `Drop` stops its engine.
+pub struct AppState {
+    /// Settings (`model_id` and `aliases` are this model's).
     pub cfg: ServerConfig,
     /// The tokenizer (tokenize / detokenize / prompts).
     pub tok: Arc<Tokenizer>,
@@ -126,14 +156,53 @@ pub struct AppState {
     pub n_ctx: usize,
     /// The job queue.
     pub queue: worker::Queue,
-    /// Counters.
+    /// This model's counters.
     pub metrics: Arc<metrics::Metrics>,
-    /// Unix time the server started (the `created` of `/v1/models`).
+    /// Unix time the model was loaded.
     pub started: u64,
     /// The model (`/v1/embeddings` runs its own forward passes).
     pub model: Arc<Model>,
     /// The vocabulary trie of grammar-constrained requests, built on first use.
     pub grammar_vocab: std::sync::OnceLock<Arc<damascus_grammar::Vocab>>,
+    /// The engine's threads; taken by [`models::Registry::join_all`] or, when the last
+    /// reference goes, joined in the background.
+    workers: std::sync::Mutex<Option<worker::Workers>>,
+    /// Request numbers, shared by every model of the server (reply ids stay unique).
+    ids: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl AppState {
+    /// A fresh request number (`chatcmpl-N`), unique across the server's models.
+    pub fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+    }
+
+    /// Stops the engine: no new jobs, running ones cancelled.
+    pub(crate) fn stop(&self) {
+        self.queue.shutdown();
+    }
+
+    /// Stops the engine and waits for its threads.
+    pub(crate) fn join(&self) {
+        self.queue.shutdown();
+        let w = self.workers.lock().ok().and_then(|mut w| w.take());
+        if let Some(w) = w {
+            w.join();
+        }
+    }
+}
+
+impl Drop for AppState {
+    fn drop(&mut self) {
+        self.queue.shutdown();
+        let w = self.workers.get_mut().ok().and_then(Option::take);
+        if let Some(w) = w {
+            // Joined on a thread of its own: the last reference may go on an async task.
+            let _ = std::thread::Builder::new()
+                .name("damascus-unload".into())
+                .spawn(move || w.join());
+        }
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -188,12 +257,8 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds the shared state and starts the slot workers.
-fn build_state(
-    cfg: ServerConfig,
-    model: Arc<Model>,
-    tok: Arc<Tokenizer>,
-) -> Result<(Arc<AppState>, worker::Workers), ServerError> {
+/// Checks the settings that do not depend on a model.
+fn check_config(cfg: &ServerConfig) -> Result<(), ServerError> {
     if cfg.parallel == 0 || cfg.parallel > 64 {
         return Err(ServerError::Config {
             name: "parallel",
@@ -231,8 +296,18 @@ fn build_state(
             message: "must be at least 1".into(),
         });
     }
+    Ok(())
+}
+
+/// Starts one model's engine (or slot workers) and builds its state.
+pub(crate) fn build_model(
+    cfg: ServerConfig,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    metrics: Arc<metrics::Metrics>,
+    ids: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<AppState, ServerError> {
     let n_ctx = cfg.n_ctx.unwrap_or(model.n_ctx());
-    let metrics = Arc::new(metrics::Metrics::default());
     let (queue, workers, n_ctx) = if model.supports_batches() {
         // One pool of n_ctx positions for everyone; a sequence may use the model's context.
         let n_seq = n_ctx.min(model.n_ctx_train()).max(1);
@@ -272,7 +347,7 @@ fn build_state(
         );
     }
     let template = Some(template);
-    let state = Arc::new(AppState {
+    Ok(AppState {
         cfg,
         tok,
         template,
@@ -282,8 +357,25 @@ fn build_state(
         started: now_unix(),
         model,
         grammar_vocab: std::sync::OnceLock::new(),
-    });
-    Ok((state, workers))
+        workers: std::sync::Mutex::new(Some(workers)),
+        ids,
+    })
+}
+
+/// Checks the settings, builds the model registry (loading the default model where asked)
+/// and the routes' state.
+fn build_state(
+    cfg: ServerConfig,
+    models: models::ModelsConfig,
+) -> Result<Arc<ServerState>, ServerError> {
+    check_config(&cfg)?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let registry = models::Registry::new(cfg.clone(), models, Arc::clone(&metrics))?;
+    Ok(Arc::new(ServerState {
+        cfg,
+        metrics,
+        models: Arc::new(registry),
+    }))
 }
 
 /// Accepts connections until `shutdown`, serving each with hyper's HTTP/1 (with a header-read
@@ -291,7 +383,7 @@ fn build_state(
 /// generations and waits for the open connections to finish.
 async fn serve_on(
     listener: tokio::net::TcpListener,
-    state: Arc<AppState>,
+    state: Arc<ServerState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -339,23 +431,34 @@ async fn serve_on(
     }
     drop(listener);
     // Cancel whatever is still generating so open streams end promptly.
-    state.queue.shutdown();
+    state.models.shutdown();
     drop(stop_tx);
     drop(alive_rx);
     alive_tx.closed().await;
     Ok(())
 }
 
-/// Starts a server on `listener` (e.g. bound to `127.0.0.1:0`) on a background thread.
+/// Starts a server for one model already loaded, on `listener` (e.g. bound to
+/// `127.0.0.1:0`), on a background thread.
 pub fn spawn(
     cfg: ServerConfig,
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
     listener: std::net::TcpListener,
 ) -> Result<ServerHandle, ServerError> {
+    let models = models::ModelsConfig::single(&cfg, model, tok);
+    spawn_models(cfg, models, listener)
+}
+
+/// Starts a server for several models on `listener`, on a background thread.
+pub fn spawn_models(
+    cfg: ServerConfig,
+    models: models::ModelsConfig,
+    listener: std::net::TcpListener,
+) -> Result<ServerHandle, ServerError> {
     let addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
-    let (state, workers) = build_state(cfg, model, tok)?;
+    let state = build_state(cfg, models)?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("damascus-http".into())
@@ -364,14 +467,16 @@ pub fn spawn(
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
+            let registry = Arc::clone(&state.models);
             let res = rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                serve_on(listener, Arc::clone(&state), async move {
+                serve_on(listener, state, async move {
                     let _ = rx.await;
                 })
                 .await
             });
-            workers.join();
+            drop(rt);
+            registry.join_all();
             res
         })?;
     Ok(ServerHandle {
@@ -381,13 +486,25 @@ pub fn spawn(
     })
 }
 
-/// Binds `host:port`, serves until SIGINT or SIGTERM, then shuts down gracefully: in-flight
-/// generations are cancelled, connections drained, slot threads joined. `on_ready` is called
-/// with the bound address once listening.
+/// Binds `host:port`, serves one model until SIGINT or SIGTERM, then shuts down gracefully:
+/// in-flight generations are cancelled, connections drained, slot threads joined. `on_ready`
+/// is called with the bound address once listening.
 pub fn run(
     cfg: ServerConfig,
     model: Arc<Model>,
     tok: Arc<Tokenizer>,
+    host: &str,
+    port: u16,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    let models = models::ModelsConfig::single(&cfg, model, tok);
+    run_models(cfg, models, host, port, on_ready)
+}
+
+/// [`run`] for several models (the first is the default; see [`models`]).
+pub fn run_models(
+    cfg: ServerConfig,
+    models: models::ModelsConfig,
     host: &str,
     port: u16,
     on_ready: impl FnOnce(SocketAddr),
@@ -398,7 +515,8 @@ pub fn run(
         source,
     })?;
     listener.set_nonblocking(true)?;
-    let (state, workers) = build_state(cfg, model, tok)?;
+    let state = build_state(cfg, models)?;
+    let registry = Arc::clone(&state.models);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -407,7 +525,8 @@ pub fn run(
         on_ready(listener.local_addr()?);
         serve_on(listener, state, shutdown_signal()).await
     });
-    workers.join();
+    drop(rt);
+    registry.join_all();
     res
 }
 

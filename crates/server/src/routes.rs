@@ -18,11 +18,11 @@ use damascus_runtime::generate::{Completion, TokenEvent};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::AppState;
 use crate::api::{self, Params};
 use crate::metrics::Metrics;
 use crate::structured;
 use crate::worker::{Job, Out};
+use crate::{AppState, ServerState, models};
 
 /// An error reply: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
 #[derive(Debug, Clone)]
@@ -103,16 +103,16 @@ impl IntoResponse for ApiError {
 }
 
 /// The router with every route, the body limit and the auth / counting middleware.
-pub fn router(state: Arc<AppState>) -> Router {
+pub fn router(state: Arc<ServerState>) -> Router {
     let limit = state.cfg.max_body_bytes;
     Router::new()
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/v1/models", get(models))
-        .route("/models", get(models))
-        .route("/v1/models/{id}", get(model_one))
-        .route("/models/{id}", get(model_one))
+        .route("/health", get(models::health))
+        .route("/v1/health", get(models::health))
+        .route("/metrics", get(models::metrics))
+        .route("/v1/models", get(models::list))
+        .route("/models", get(models::list))
+        .route("/v1/models/{id}", get(models::one))
+        .route("/models/{id}", get(models::one))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -138,7 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// CORS (only with `--cors-origin`): answers preflight `OPTIONS` requests (before the API-key
 /// check, as browsers send no credentials there) and adds `Access-Control-Allow-Origin` to
 /// replies for an allowed `Origin`. Without the setting, no CORS header is ever sent.
-async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn cors(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
     let Some(allowed) = st.cfg.cors_origin.as_deref() else {
         return next.run(req).await;
     };
@@ -192,7 +192,7 @@ fn bearer_token(v: &str) -> Option<&str> {
 }
 
 /// Counts requests and errors; checks the API key (except on `/health` and `/metrics`).
-async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn guard(State(st): State<Arc<ServerState>>, req: Request, next: Next) -> Response {
     Metrics::add(&st.metrics.http_requests, 1);
     let path = req.uri().path();
     let open = matches!(path, "/health" | "/v1/health" | "/metrics");
@@ -295,83 +295,13 @@ pub(crate) fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes
     })
 }
 
-async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let busy = st
-        .metrics
-        .slots_busy
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let queued = st
-        .metrics
-        .queue_depth
-        .load(std::sync::atomic::Ordering::Relaxed);
-    axum::Json(json!({
-        "status": "ok",
-        "slots_total": st.queue.slots(),
-        "slots_processing": busy,
-        "queue_depth": queued,
-    }))
-    .into_response()
-}
-
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let mut r = st.metrics.render(st.queue.slots()).into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    r
-}
-
-async fn models(State(st): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.cfg.model_id,
-            "object": "model",
-            "created": st.started,
-            "owned_by": "damascus",
-            "meta": {"n_ctx": st.n_ctx, "n_vocab": st.tok.n_vocab(), "aliases": st.cfg.aliases},
-        }],
-    }))
-    .into_response()
-}
-
-async fn model_one(
-    State(st): State<Arc<AppState>>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<Response, ApiError> {
-    if id != st.cfg.model_id && !st.cfg.aliases.contains(&id) {
-        return Err(model_not_found(&st, &id));
-    }
-    Ok(axum::Json(json!({
-        "id": id,
-        "object": "model",
-        "created": st.started,
-        "owned_by": "damascus",
-    }))
-    .into_response())
-}
-
-fn model_not_found(st: &AppState, m: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!(
-            "the model '{}' does not exist; this server serves '{}'",
-            api::clip(m, 80),
-            st.cfg.model_id
-        ),
-        kind: "invalid_request_error",
-        param: Some(Cow::Borrowed("model")),
-        code: Some("model_not_found"),
-    }
-}
-
 async fn tokenize(
-    State(st): State<Arc<AppState>>,
+    State(srv): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
     let req: api::TokenizeRequest = api::parse(&body)?;
+    let st = srv.models.get(req.model.as_deref()).await?;
     let ids = st
         .tok
         .encode(&req.content, req.add_special, req.parse_special);
@@ -386,24 +316,17 @@ async fn tokenize(
 }
 
 async fn detokenize(
-    State(st): State<Arc<AppState>>,
+    State(srv): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
     let req: api::DetokenizeRequest = api::parse(&body)?;
+    let st = srv.models.get(req.model.as_deref()).await?;
     let content = st
         .tok
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("tokens")))?;
     Ok(axum::Json(json!({"content": content})).into_response())
-}
-
-fn check_model(st: &AppState, p: &Params) -> Result<(), ApiError> {
-    match &p.model {
-        None => Ok(()),
-        Some(m) if *m == st.cfg.model_id || st.cfg.aliases.iter().any(|a| a == m) => Ok(()),
-        Some(m) => Err(model_not_found(st, m)),
-    }
 }
 
 /// How replies are shaped.
@@ -428,15 +351,17 @@ struct Reply {
     n: usize,
     /// Tools offered (chat): a reply that is a tool call becomes `tool_calls`.
     tools: Option<structured::ToolPlan>,
+    /// The model, held until the reply ends so an unloaded model finishes this request.
+    _model: Arc<AppState>,
 }
 
 async fn chat(
-    State(st): State<Arc<AppState>>,
+    State(srv): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
     let req: api::ChatRequest = api::parse_request(&body, api::CHAT_FIELDS)?;
-    check_model(&st, &req.params)?;
+    let st = srv.models.get(req.params.model.as_deref()).await?;
     let n = req.params.n_choices()?;
     let top = api::top_logprobs(req.top_logprobs, "top_logprobs")?;
     let extras: structured::Extras = api::parse(&body)?;
@@ -469,12 +394,12 @@ async fn chat(
 }
 
 async fn completions(
-    State(st): State<Arc<AppState>>,
+    State(srv): State<Arc<ServerState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
     let req: api::CompletionRequest = api::parse_request(&body, api::COMPLETION_FIELDS)?;
-    check_model(&st, &req.params)?;
+    let st = srv.models.get(req.params.model.as_deref()).await?;
     if req.echo {
         return Err(api::unsupported("echo", "echo is not supported".into()));
     }
@@ -547,14 +472,14 @@ struct JobSpec {
 }
 
 async fn start(
-    st: &AppState,
+    st: &Arc<AppState>,
     spec: JobSpec,
     sampler: damascus_runtime::sampler::SamplerConfig,
     gen_cfg: damascus_runtime::generate::GenerateConfig,
     params: &Params,
 ) -> Result<Response, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let n = st.queue.next_id();
+    let n = st.next_id();
     let kind = spec.kind;
     let n_choices = spec.prompts.len() * spec.n;
     let job = Job {
@@ -593,6 +518,7 @@ async fn start(
         n_choices,
         n: spec.n,
         tools: spec.plan.tools,
+        _model: Arc::clone(st),
     };
     if params.stream {
         Ok(stream_reply(Arc::clone(&st.tok), reply, rx))

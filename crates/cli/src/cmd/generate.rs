@@ -41,6 +41,14 @@ pub struct EngineArgs {
     #[command(flatten)]
     pub model: super::ModelArg,
     #[command(flatten)]
+    pub opts: LoadArgs,
+}
+
+/// How a model is loaded (everything of [`EngineArgs`] but the model; `serve` takes several
+/// models with the same flags).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoadArgs {
+    #[command(flatten)]
     pub backend: super::BackendArg,
     /// Force the scalar f32 reference path (no activation quantization).
     #[arg(long)]
@@ -61,8 +69,15 @@ impl EngineArgs {
     /// Loads the model and its tokenizer.
     pub fn load(&self) -> anyhow::Result<(Model, Tokenizer)> {
         let path = self.model.resolve()?;
+        self.opts.load(&path)
+    }
+}
+
+impl LoadArgs {
+    /// Loads the model at `path` (a local GGUF file) and its tokenizer.
+    pub fn load(&self, path: &std::path::Path) -> anyhow::Result<(Model, Tokenizer)> {
         let opts = LoadOptions {
-            n_ctx: self.ctx_size.map(|c| clamp_ctx(&path, c)),
+            n_ctx: self.ctx_size.map(|c| clamp_ctx(path, c)),
             backend: self
                 .backend
                 .kind(self.reference, super::threads(self.threads))?,
@@ -74,7 +89,7 @@ impl EngineArgs {
             }),
         };
         let model =
-            Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
+            Model::load(path, &opts).with_context(|| format!("loading {}", path.display()))?;
         let tokenizer = Tokenizer::from_gguf(model.gguf()).context("building the tokenizer")?;
         Ok((model, tokenizer))
     }
