@@ -164,7 +164,8 @@ impl QActs {
             }
         };
         let nt = pool.map_or(1, ThreadPool::n_threads);
-        if let Some(p) = pool.filter(|_| nt > 1 && n_tokens >= 2 * nt) {
+        // A few decode rows: less work than a fork/join.
+        if let Some(p) = pool.filter(|_| nt > 1 && n_tokens >= 2 * nt && n_tokens * k >= 1 << 15) {
             // Chunks of whole tokens handed out over the pool, each with its rows of every
             // output array.
             let per = crate::pool::chunk_len(n_tokens, 1, nt);
