@@ -100,11 +100,7 @@ fn check(
     Ok(())
 }
 
-struct OutPtr(*mut f32);
-// SAFETY: threads write disjoint (query, KV head) ranges through it.
-unsafe impl Sync for OutPtr {}
-
-/// (query, KV head) units over `pool`, dealt round-robin as [`attn_paged_f16`] does.
+/// (query, KV head) units over `pool`, each computed by one thread in one order.
 #[cfg(target_arch = "x86_64")]
 fn run(
     queries: &[PagedQuery<'_>],
@@ -132,18 +128,8 @@ fn run(
         }
         return;
     };
-    let dst = OutPtr(out.as_mut_ptr());
-    pool.run(&|t, nt| {
-        let dst = &dst;
-        let mut scores = Vec::new();
-        for u in (t..n_units).step_by(nt) {
-            // SAFETY: unit u owns out[u*span .. (u+1)*span], in bounds (checked: out.len() =
-            // queries*width = n_units*span); threads take disjoint units; `out` outlives
-            // `pool.run`.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.0.add(u * span), span) };
-            unit(u, o, &mut scores);
-        }
-    });
+    // Units handed out one at a time: a descheduled thread delays the step by one unit.
+    pool.for_each_chunk_mut(out, span, &|u, o| unit(u, o, &mut Vec::new()));
 }
 
 #[cfg(target_arch = "x86_64")]
