@@ -42,6 +42,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Int8Path::Avx2
     };
+    // Activation quantization of a 512-token prompt (`DAMASCUS_ISA=avx2`: the scalar loop).
+    let xs: Vec<f32> = (0..512 * cols).map(|_| rnd()).collect();
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let xq = QActs::new(&xs, 512, cols, None)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+        std::hint::black_box(&xq);
+    }
+    println!("quantize [512, {cols}]: {:.1} us", best * 1e6);
     for n in [1usize, 2, 4, 8, 16] {
         let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
         let mut out = vec![0f32; n * rows];
