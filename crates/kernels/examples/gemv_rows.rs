@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::hint::black_box(&xq);
     }
     println!("quantize [512, {cols}]: {:.1} us", best * 1e6);
-    for n in [1usize, 2, 4, 8, 16] {
+    for n in [1usize, 2, 4, 8, 16, 32] {
         let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
         let mut out = vec![0f32; n * rows];
         let reps = 2000;
@@ -65,10 +65,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
         }
+        // The prompt GEMM on the same rows (panels expanded per unit).
+        let xq = QActs::new(&x, n, cols, None)?;
+        let mut best_gemm = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                m.gemm(path, &xq, &mut out, None)?;
+            }
+            best_gemm = best_gemm.min(t0.elapsed().as_secs_f64() / reps as f64);
+        }
         println!(
-            "{rows}x{cols} {dtype:?} n={n:2}: {:7.2} us/call  {:6.2} us/row",
+            "{rows}x{cols} {dtype:?} n={n:2}: gemv {:7.2} us/call ({:6.2} us/row), gemm {:7.2} us",
             best * 1e6,
-            best * 1e6 / n as f64
+            best * 1e6 / n as f64,
+            best_gemm * 1e6
         );
     }
     Ok(())

@@ -300,9 +300,10 @@ mod x86 {
                     if p + PF < pq.hi {
                         prefetch_row(v.as_ptr().add(offset(&sh, pq.table, p + PF, kvh) + c0), 64);
                     }
-                    let vv: [__m512; 4] = std::array::from_fn(|c| {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(vr.add(16 * c).cast()))
-                    });
+                    let mut vv = [_mm512_setzero_ps(); 4];
+                    for (c, x) in vv.iter_mut().enumerate() {
+                        *x = _mm512_cvtph_ps(_mm256_loadu_si256(vr.add(16 * c).cast()));
+                    }
                     for (g, a) in acc.iter_mut().enumerate() {
                         let s = _mm512_set1_ps(scores[(g0 + g) * n + i]);
                         for (a, &x) in a.iter_mut().zip(&vv) {
