@@ -17,6 +17,13 @@ medians over rounds (latency percentiles pooled over the rounds' requests).
     python3 tools/serve_bench.py --server damascus=http://127.0.0.1:8081 \\
         --server llama=http://127.0.0.1:8082 --streams 1,8 --rounds 3
 
+`--long-prompt 2048` adds one client that sends a 2048-token prompt once every stream is
+decoding, and reports the streams' inter-token latency p50/p95 over the gaps that end while it
+is prefilled (chunked prefill keeps them bounded; issue 26 asks p95 < 2x single-stream ITL):
+
+    python3 tools/serve_bench.py --server damascus=http://127.0.0.1:8081 --streams 1,16 \
+        --long-prompt 2048
+
 Standard library only. `--json` prints the results as JSON for scripts.
 """
 
@@ -44,7 +51,7 @@ def prompt_ids(client, n, vocab_lo, vocab_hi):
     return [vocab_lo + (client * 7919 + i * 104729 + i * i * 31) % span for i in range(n)]
 
 
-def one_request(url, model, ids, gen, out, start_barrier, timeout):
+def one_request(url, model, ids, gen, out, start_barrier, timeout, times=None):
     u = urllib.parse.urlparse(url)
     body = json.dumps({
         "model": model,
@@ -55,9 +62,10 @@ def one_request(url, model, ids, gen, out, start_barrier, timeout):
         "stream": True,
     })
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
-    start_barrier.wait()
+    if start_barrier is not None:
+        start_barrier.wait()
     t0 = time.perf_counter()
-    times = []
+    times = [] if times is None else times
     err = None
     try:
         conn.request("POST", "/v1/completions", body=body,
@@ -102,18 +110,30 @@ def one_request(url, model, ids, gen, out, start_barrier, timeout):
 def run_level(url, model, n, args):
     out = []
     barrier = threading.Barrier(n)
+    progress = [[] for _ in range(n)]  # each stream's token times, filled as they arrive
     threads = [
         threading.Thread(target=one_request, args=(
             url, model, prompt_ids(c + args.seed * 1000, args.prompt_tokens, args.vocab_lo,
                                    args.vocab_hi),
-            args.gen_tokens, out, barrier, args.timeout))
+            args.gen_tokens, out, barrier, args.timeout, progress[c]))
         for c in range(n)
     ]
+    long_out = []
+    if args.long_prompt:
+        # One more client: once every stream decodes (4 tokens each), a long prompt arrives
+        # (one token asked for); the streams' gaps while it is prefilled are reported apart.
+        def long_client():
+            while any(len(t) < 4 for t in progress):
+                time.sleep(0.005)
+            ids = prompt_ids(77_777 + 100 * args.seed + n, args.long_prompt, args.vocab_lo,
+                             args.vocab_hi)  # distinct per level: no prefix-cache hit
+            one_request(url, model, ids, 1, long_out, None, args.timeout)
+        threads.append(threading.Thread(target=long_client))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    errs = [r["err"] for r in out if r["err"]]
+    errs = [r["err"] for r in out + long_out if r["err"]]
     if errs:
         raise RuntimeError(f"{url}: {len(errs)} of {n} requests failed: {errs[0]}")
     first = min(r["t0"] for r in out)
@@ -121,7 +141,14 @@ def run_level(url, model, n, args):
     tokens = sum(len(r["times"]) for r in out)
     ttft = [(r["times"][0] - r["t0"]) * 1000 for r in out if r["times"]]
     itl = [(b - a) * 1000 for r in out for a, b in zip(r["times"], r["times"][1:])]
-    return {"tok_s": tokens / (last - first), "tokens": tokens, "ttft": ttft, "itl": itl}
+    itl_long = []
+    if long_out and long_out[0]["times"]:
+        lo, hi = long_out[0]["t0"], long_out[0]["times"][0]
+        # Gaps that end while the long prompt is in flight (sent .. its first token).
+        itl_long = [(b - a) * 1000 for r in out for a, b in zip(r["times"], r["times"][1:])
+                    if lo < b <= hi]
+    return {"tok_s": tokens / (last - first), "tokens": tokens, "ttft": ttft, "itl": itl,
+            "itl_long": itl_long}
 
 
 def main():
@@ -138,6 +165,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="varies the prompts")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured 1-stream requests")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--long-prompt", type=int, default=0,
+                    help="also send one prompt of this many tokens once every stream decodes, "
+                         "and report the streams' inter-token latency while it is prefilled")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     servers = []
@@ -149,7 +179,8 @@ def main():
     levels = [int(x) for x in args.streams.split(",") if x]
     for name, url in servers:
         for _ in range(args.warmup):
-            run_level(url, args.model, 1, argparse.Namespace(**{**vars(args), "seed": 999}))
+            run_level(url, args.model, 1,
+                      argparse.Namespace(**{**vars(args), "seed": 999, "long_prompt": 0}))
     res = {(name, n): [] for name, _ in servers for n in levels}
     for r in range(args.rounds):
         for n in levels:
@@ -166,6 +197,7 @@ def main():
             ms = res[(name, n)]
             ttft = [x for m in ms for x in m["ttft"]]
             itl = [x for m in ms for x in m["itl"]]
+            itl_long = [x for m in ms for x in m["itl_long"]]
             rows.append({
                 "server": name, "streams": n,
                 "tok_s_median": statistics.median(m["tok_s"] for m in ms),
@@ -173,6 +205,8 @@ def main():
                 "tok_s_max": max(m["tok_s"] for m in ms),
                 "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
                 "itl_p50_ms": percentile(itl, 50), "itl_p95_ms": percentile(itl, 95),
+                "itl_long_p50_ms": percentile(itl_long, 50),
+                "itl_long_p95_ms": percentile(itl_long, 95), "itl_long_n": len(itl_long),
                 "rounds": len(ms),
             })
     if args.json:
@@ -185,6 +219,13 @@ def main():
               f"({r['tok_s_min']:.1f}–{r['tok_s_max']:.1f}) | "
               f"{r['ttft_p50_ms']:.0f} / {r['ttft_p95_ms']:.0f} | "
               f"{r['itl_p50_ms']:.1f} / {r['itl_p95_ms']:.1f} |")
+    if args.long_prompt:
+        print(f"\nInter-token latency while a {args.long_prompt}-token prompt is prefilled:")
+        print("| server | streams | ITL p50 / p95 ms | gaps |")
+        print("| --- | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['server']} | {r['streams']} | {r['itl_long_p50_ms']:.1f} / "
+                  f"{r['itl_long_p95_ms']:.1f} | {r['itl_long_n']} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #[cfg(target_arch = "x86_64")]
 pub mod attn_amx;
 pub mod attn_decode;
+pub mod attn_group;
 pub mod attn_paged;
 pub mod attn_prefill;
 pub mod cpu;

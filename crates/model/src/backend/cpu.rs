@@ -60,6 +60,11 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 /// share a line of the output).
 const ROW_ALIGN: usize = 16;
 
+/// Fewest values (`n_tokens · width`) an elementwise op (norm, add, SwiGLU) splits over the
+/// pool: below it, a batch of decode rows costs less than a fork/join (≈ 5 µs quiet, far more
+/// when the threads are descheduled).
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
 /// The multithreaded SIMD CPU backend.
 pub struct CpuBackend {
     pool: ThreadPool,
@@ -353,7 +358,7 @@ impl FirstError {
 impl CpuBackend {
     /// Runs `f(tokens, rows)` over `data` (`[n_tokens, width]` f32) cut into chunks of whole
     /// tokens handed out over the pool, in parallel when there are at least two tokens per
-    /// thread.
+    /// thread and [`PAR_MIN_ELEMS`] values.
     fn par_rows(
         &self,
         data: &mut [f32],
@@ -362,7 +367,8 @@ impl CpuBackend {
     ) {
         let nt = self.pool.n_threads();
         let n_tokens = data.len() / width.max(1);
-        if n_tokens < 2 * nt {
+        // A few decode rows (a batch of sequences) are less work than handing them out.
+        if n_tokens < 2 * nt || data.len() < PAR_MIN_ELEMS {
             return f(0..n_tokens, data);
         }
         let per = chunk_len(n_tokens, 1, nt);

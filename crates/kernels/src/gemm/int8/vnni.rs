@@ -1,4 +1,5 @@
-//! The AVX-512 VNNI kernels of [`super`] (one file per ISA, as `quantdot/` is).
+//! The AVX-512 VNNI kernels of [`super`] (one file per ISA, as `quantdot/` is), and its
+//! AVX-512F/BW activation quantizer.
 
 use std::arch::x86_64::*;
 
@@ -113,5 +114,51 @@ pub(super) unsafe fn tokens(
             _ => go!(1),
         }
         t += (t1 - t).min(NT);
+    }
+}
+
+/// [`super::quantize_row`] on AVX-512F/BW, bit for bit: the same `max` of the absolute
+/// values (exact in any order), the same scalar scale, the same multiply, add and subtract
+/// per value, exact integer sums.
+///
+/// # Safety
+/// AVX-512F/BW must be present; `xr.len()` is a multiple of 32, `q` holds as many values,
+/// `d`/`s32` `xr.len() / 32` and `s16` `xr.len() / 16`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize_row(
+    xr: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s16: &mut [f32],
+    s32: &mut [f32],
+) {
+    let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+    let magic = _mm512_set1_ps(12_582_912.0);
+    for b in 0..xr.len() / 32 {
+        // SAFETY: block b's 32 values of `xr` and 32 bytes of `q` (caller).
+        unsafe {
+            let x0 = _mm512_loadu_ps(xr.as_ptr().add(32 * b));
+            let x1 = _mm512_loadu_ps(xr.as_ptr().add(32 * b + 16));
+            let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), abs));
+            let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), abs));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)).max(0.0);
+            let db = amax / 127.0;
+            let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+            let idv = _mm512_set1_ps(id);
+            let mut sums = [0i32; 2];
+            for (h, xv) in [x0, x1].into_iter().enumerate() {
+                let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xv, idv), magic), magic);
+                let qi = _mm512_cvttps_epi32(r);
+                _mm_storeu_si128(
+                    q.as_mut_ptr().add(32 * b + 16 * h).cast(),
+                    _mm512_cvtepi32_epi8(qi),
+                );
+                sums[h] = _mm512_reduce_add_epi32(qi);
+            }
+            *d.get_unchecked_mut(b) = db;
+            *s16.get_unchecked_mut(2 * b) = db * sums[0] as f32;
+            *s16.get_unchecked_mut(2 * b + 1) = db * sums[1] as f32;
+            *s32.get_unchecked_mut(b) = db * (sums[0] + sums[1]) as f32;
+        }
     }
 }

@@ -145,3 +145,51 @@ fn pack_from_reports_read_errors_and_rejects_bad_shapes() {
     );
     assert!(p.dequant_row(32, &mut [0.0; 256]).is_err());
 }
+
+/// Issue 26: a decode step multiplies B rows through each panel once, and each row's result
+/// is bit for bit the one it gets alone (the same integer dots and float steps in the same
+/// order whatever the batch), on every path, for batch sizes around the micro-kernel's width.
+#[test]
+fn gemv_rows_equal_each_row_alone_bit_for_bit() {
+    let pool = ThreadPool::new(2);
+    for dtype in TYPES {
+        let cols = cols_for(dtype)[0];
+        for rows in [32usize, 96, 1024] {
+            let m = matrix(dtype, rows, cols, (rows + 3 * cols) as u64);
+            let w = WeightRef {
+                dtype,
+                bytes: &m,
+                rows,
+                cols,
+            };
+            let p = PackedMatrix::pack(w, None).unwrap();
+            for n in [1usize, 2, 3, 7, 8, 16] {
+                let xf = randn(n * cols, (n * 31 + rows) as u64);
+                let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
+                for path in Int8Path::available() {
+                    if !path.supports(dtype) {
+                        continue;
+                    }
+                    let mut all = vec![0f32; n * rows];
+                    p.gemv_panels(path, &x, 0..rows / ROWS, &mut all, rows)
+                        .unwrap();
+                    for t in 0..n {
+                        let x1 = QActs::new(&xf[t * cols..(t + 1) * cols], 1, cols, None).unwrap();
+                        let mut one = vec![0f32; rows];
+                        p.gemv_panels(path, &x1, 0..rows / ROWS, &mut one, rows)
+                            .unwrap();
+                        let same = one
+                            .iter()
+                            .zip(&all[t * rows..(t + 1) * rows])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{} {dtype:?} [{rows},{cols}] n={n} row {t}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

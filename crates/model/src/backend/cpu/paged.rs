@@ -5,7 +5,8 @@
 //! [`damascus_kernels::attn_paged`], whatever the number of tokens: a token's result never
 //! depends on the batch around it or on how its prefix was computed.
 
-use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
+use damascus_kernels::attn_group::attn_paged_f16_grouped;
+use damascus_kernels::attn_paged::{PagedQuery, PagedShape};
 use damascus_kernels::reference as k;
 
 use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
@@ -142,7 +143,8 @@ impl CpuBackend {
                     n_slots,
                     block_size: bs,
                 };
-                attn_paged_f16(
+                // `attn_paged_f16`'s results, bit for bit, a GQA group at a time.
+                attn_paged_f16_grouped(
                     &queries,
                     &q.data,
                     kc,

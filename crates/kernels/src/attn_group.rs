@@ -1,0 +1,442 @@
+//! Paged attention with a GQA group's query heads computed together (issue 26: decode steps of
+//! many sequences spend most of their time here): each key and value row of a KV head is
+//! loaded and widened from f16 once for all the query heads that share it, each head's dot
+//! product runs in one 16-lane AVX-512 accumulator, and the group's output rows stay in
+//! registers across the positions.
+//!
+//! The results are those of [`crate::attn_paged::attn_paged_f16`] **bit for bit**: every
+//! score, softmax and output element goes through the same operations in the same order (a
+//! 16-lane accumulator holds exactly the two 8-lane accumulators of the AVX2 dot product side
+//! by side; the value update is an elementwise FMA whatever its width). So routing a token
+//! through this kernel or that one never changes a logit, and batch/prefix invariance holds
+//! whichever runs. Where its fast path does not apply (no AVX-512 at the chosen ISA level, or
+//! a head size that is not a multiple of 64) it calls that kernel.
+
+use crate::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
+use crate::pool::ThreadPool;
+use crate::quantdot::{Isa, KernelError, kernels};
+
+/// Query heads of one group accumulated together (registers: 4 heads × 4 vectors).
+const MAX_G: usize = 4;
+
+/// Attention of every query token over its own sequence's blocks: the arguments and results
+/// of [`attn_paged_f16`] (bit-identical), faster on AVX-512 for head sizes that are multiples
+/// of 64.
+pub fn attn_paged_f16_grouped(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    #[cfg(target_arch = "x86_64")]
+    if fast_path(shape) {
+        check(&shape, queries, q, k, v, out)?;
+        run(queries, q, k, v, shape, out, pool);
+        return Ok(());
+    }
+    attn_paged_f16(queries, q, k, v, shape, out, pool)
+}
+
+/// Whether [`attn_paged_f16_grouped`] takes its own path for `shape` on this CPU and level.
+pub fn fast_path(shape: PagedShape) -> bool {
+    cfg!(target_arch = "x86_64")
+        && shape.head_dim.is_multiple_of(64)
+        && kernels().isa() >= Isa::Avx512
+        && Isa::Avx512.is_available()
+}
+
+/// The shape checks of [`attn_paged_f16`] (the same errors for the same inputs).
+fn check(
+    sh: &PagedShape,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    out: &[f32],
+) -> Result<(), KernelError> {
+    let bad = |m: String| Err(KernelError::BadShape(m));
+    if sh.n_head_kv == 0
+        || sh.head_dim == 0
+        || sh.block_size == 0
+        || !sh.n_head.is_multiple_of(sh.n_head_kv)
+    {
+        return bad(format!("bad paged shape {sh:?}"));
+    }
+    let width = sh.n_head * sh.head_dim;
+    if q.len() != queries.len() * width || out.len() != q.len() {
+        return bad(format!(
+            "q/out hold {}/{} floats, expected {} queries of {width}",
+            q.len(),
+            out.len(),
+            queries.len()
+        ));
+    }
+    let need = sh.n_slots.saturating_mul(sh.n_head_kv * sh.head_dim);
+    if k.len() < need || v.len() < need {
+        return bad(format!(
+            "k/v pools hold {}/{} halves, need {need}",
+            k.len(),
+            v.len()
+        ));
+    }
+    let n_blocks = sh.n_slots / sh.block_size;
+    for (i, pq) in queries.iter().enumerate() {
+        if pq.lo >= pq.hi || pq.hi.div_ceil(sh.block_size) > pq.table.len() {
+            return bad(format!(
+                "query {i}: positions {}..{} with {} blocks of {}",
+                pq.lo,
+                pq.hi,
+                pq.table.len(),
+                sh.block_size
+            ));
+        }
+        if let Some(&b) = pq.table.iter().find(|&&b| b as usize >= n_blocks) {
+            return bad(format!("query {i}: block {b} of a pool of {n_blocks}"));
+        }
+    }
+    Ok(())
+}
+
+/// (query, KV head) units over `pool`, each computed by one thread in one order.
+#[cfg(target_arch = "x86_64")]
+fn run(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) {
+    let group = shape.n_head / shape.n_head_kv;
+    let width = shape.n_head * shape.head_dim;
+    let span = group * shape.head_dim;
+    let n_units = queries.len() * shape.n_head_kv;
+    let unit = |u: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let (t, kvh) = (u / shape.n_head_kv, u % shape.n_head_kv);
+        let qg = &q[t * width + kvh * span..][..span];
+        // SAFETY: AVX-512F/AVX2/FMA/F16C are available (`fast_path`); the shapes were checked.
+        unsafe { x86::kv_head(qg, k, v, shape, &queries[t], kvh, o, scores) };
+    };
+    let Some(pool) = pool.filter(|p| p.n_threads() > 1 && n_units > 1) else {
+        let mut scores = Vec::new();
+        for (u, o) in out.chunks_exact_mut(span).enumerate() {
+            unit(u, o, &mut scores);
+        }
+        return;
+    };
+    // Units handed out one at a time: a descheduled thread delays the step by one unit.
+    pool.for_each_chunk_mut(out, span, &|u, o| unit(u, o, &mut Vec::new()));
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::*;
+
+    use super::MAX_G;
+    use crate::attn_paged::{PagedQuery, PagedShape};
+
+    /// Halves offset of position `p`, KV head `kvh` (as `PagedShape::offset`).
+    #[inline(always)]
+    fn offset(sh: &PagedShape, table: &[u32], p: usize, kvh: usize) -> usize {
+        let slot = table[p / sh.block_size] as usize * sh.block_size + p % sh.block_size;
+        (kvh * sh.n_slots + slot) * sh.head_dim
+    }
+
+    /// Positions ahead whose rows are prefetched: blocks of a sequence are scattered over the
+    /// pool, so the hardware prefetcher loses the stream at every block edge.
+    const PF: usize = 32;
+
+    /// Software prefetch of `n` halves at `p` (one hint per 64-byte line).
+    #[inline(always)]
+    unsafe fn prefetch_row(p: *const u16, n: usize) {
+        // SAFETY: a prefetch hint never faults; `p` points into the pool.
+        unsafe {
+            let mut o = 0;
+            while o < n {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(o).cast());
+                o += 32;
+            }
+        }
+    }
+
+    /// The AVX2 kernels' horizontal sum, operation for operation.
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: register-only AVX ops in an AVX-enabled caller.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+
+    /// The query heads `qg` (`[group, head_dim]`) of KV head `kvh` of one token into `out`
+    /// (`[group, head_dim]`): `attn_paged`'s per-unit computation, G heads at a time.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2, FMA and F16C are available; `head_dim` is a multiple of 64; the
+    /// query's positions and blocks lie in the pools (checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn kv_head(
+        qg: &[f32],
+        k: &[u16],
+        v: &[u16],
+        sh: PagedShape,
+        pq: &PagedQuery<'_>,
+        kvh: usize,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let group = sh.n_head / sh.n_head_kv;
+        let n = pq.hi - pq.lo;
+        scores.clear();
+        scores.resize(group * n, 0.0); // [group, n]
+        let mut g0 = 0;
+        while g0 < group {
+            let gn = (group - g0).min(MAX_G);
+            // SAFETY: forwarded; heads g0..g0 + gn lie in qg/out, scores holds [group, n].
+            unsafe {
+                match gn {
+                    1 => scores_g::<1>(qg, k, sh, pq, kvh, g0, scores),
+                    2 => scores_g::<2>(qg, k, sh, pq, kvh, g0, scores),
+                    3 => scores_g::<3>(qg, k, sh, pq, kvh, g0, scores),
+                    _ => scores_g::<4>(qg, k, sh, pq, kvh, g0, scores),
+                }
+            }
+            g0 += gn;
+        }
+        for s in scores.chunks_exact_mut(n) {
+            crate::attn_decode::softmax(true, s);
+        }
+        let mut g0 = 0;
+        while g0 < group {
+            let gn = (group - g0).min(MAX_G);
+            // SAFETY: as above.
+            unsafe {
+                match gn {
+                    1 => values_g::<1>(v, sh, pq, kvh, g0, scores, out),
+                    2 => values_g::<2>(v, sh, pq, kvh, g0, scores, out),
+                    3 => values_g::<3>(v, sh, pq, kvh, g0, scores, out),
+                    _ => values_g::<4>(v, sh, pq, kvh, g0, scores, out),
+                }
+            }
+            g0 += gn;
+        }
+    }
+
+    /// Scores of heads `g0..g0 + G` over every visible position: per head the AVX2
+    /// `dot_f16`'s two 8-lane chains as one 16-lane chain, then its sum and the scale.
+    ///
+    /// # Safety
+    /// As [`kv_head`].
+    #[inline(always)]
+    unsafe fn scores_g<const G: usize>(
+        qg: &[f32],
+        k: &[u16],
+        sh: PagedShape,
+        pq: &PagedQuery<'_>,
+        kvh: usize,
+        g0: usize,
+        scores: &mut [f32],
+    ) {
+        let hd = sh.head_dim;
+        let n = pq.hi - pq.lo;
+        let qp = qg.as_ptr();
+        // SAFETY: rows of hd halves at checked offsets; q rows g0..g0+G of hd floats.
+        unsafe {
+            for (i, p) in (pq.lo..pq.hi).enumerate() {
+                let kr = k.as_ptr().add(offset(&sh, pq.table, p, kvh));
+                if p + PF < pq.hi {
+                    prefetch_row(k.as_ptr().add(offset(&sh, pq.table, p + PF, kvh)), hd);
+                }
+                let mut acc = [_mm512_setzero_ps(); G];
+                let mut c = 0;
+                while c < hd {
+                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kr.add(c).cast()));
+                    for (g, a) in acc.iter_mut().enumerate() {
+                        let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c));
+                        *a = _mm512_fmadd_ps(qv, kv, *a);
+                    }
+                    c += 16;
+                }
+                for (g, a) in acc.iter().enumerate() {
+                    let lo = _mm512_castps512_ps256(*a);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                    scores[(g0 + g) * n + i] = hsum(_mm256_add_ps(lo, hi)) * pq.scale;
+                }
+            }
+        }
+    }
+
+    /// Output rows of heads `g0..g0 + G`, 64 columns at a time held in registers across
+    /// the positions: `out += p · f16(v)` per element in position order (`axpy_f16`'s FMA).
+    ///
+    /// # Safety
+    /// As [`kv_head`].
+    #[inline(always)]
+    unsafe fn values_g<const G: usize>(
+        v: &[u16],
+        sh: PagedShape,
+        pq: &PagedQuery<'_>,
+        kvh: usize,
+        g0: usize,
+        scores: &[f32],
+        out: &mut [f32],
+    ) {
+        let hd = sh.head_dim;
+        let n = pq.hi - pq.lo;
+        let op = out.as_mut_ptr();
+        // SAFETY: rows of hd halves at checked offsets; out rows g0..g0+G of hd floats.
+        unsafe {
+            for c0 in (0..hd).step_by(64) {
+                let mut acc = [[_mm512_setzero_ps(); 4]; G];
+                for (i, p) in (pq.lo..pq.hi).enumerate() {
+                    let vr = v.as_ptr().add(offset(&sh, pq.table, p, kvh) + c0);
+                    if p + PF < pq.hi {
+                        prefetch_row(v.as_ptr().add(offset(&sh, pq.table, p + PF, kvh) + c0), 64);
+                    }
+                    let mut vv = [_mm512_setzero_ps(); 4];
+                    for (c, x) in vv.iter_mut().enumerate() {
+                        *x = _mm512_cvtph_ps(_mm256_loadu_si256(vr.add(16 * c).cast()));
+                    }
+                    for (g, a) in acc.iter_mut().enumerate() {
+                        let s = _mm512_set1_ps(scores[(g0 + g) * n + i]);
+                        for (a, &x) in a.iter_mut().zip(&vv) {
+                            *a = _mm512_fmadd_ps(s, x, *a);
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate() {
+                    for (c, &x) in a.iter().enumerate() {
+                        _mm512_storeu_ps(op.add((g0 + g) * hd + c0 + 16 * c), x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn_decode::tests::data;
+    use crate::quantdot::f32_to_f16;
+
+    /// Scrambled block tables, windows, several sequences: bit-identical to `attn_paged_f16`
+    /// (alone and in a batch, threaded or not), on the fast path's head sizes and others.
+    #[test]
+    fn grouped_equals_paged_bit_for_bit() {
+        for &(n_head, n_head_kv, hd, bs, n_kv) in &[
+            (1usize, 1usize, 64usize, 1usize, 1usize),
+            (3, 1, 64, 3, 7),
+            (9, 3, 64, 16, 33),
+            (8, 1, 64, 4, 100),
+            (4, 1, 256, 16, 70),
+            (6, 3, 128, 5, 1023),
+            (4, 2, 33, 4, 33),
+            (5, 1, 16, 7, 3),
+        ] {
+            let shape_of = |n_slots| PagedShape {
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+                n_slots,
+                block_size: bs,
+            };
+            let n_seq = 3;
+            let per_seq = n_kv.div_ceil(bs);
+            let n_blocks = n_seq * per_seq + 2;
+            let sh = shape_of(n_blocks * bs);
+            let kv_len = n_head_kv * sh.n_slots * hd;
+            let k: Vec<u16> = data(1, kv_len, 1.0)
+                .iter()
+                .map(|&x| f32_to_f16(x))
+                .collect();
+            let v: Vec<u16> = data(2, kv_len, 1.0)
+                .iter()
+                .map(|&x| f32_to_f16(x))
+                .collect();
+            // Block ids reversed and interleaved between the sequences.
+            let tables: Vec<Vec<u32>> = (0..n_seq)
+                .map(|s| {
+                    (0..per_seq)
+                        .map(|b| (n_blocks - 1 - (b * n_seq + s)) as u32)
+                        .collect()
+                })
+                .collect();
+            let mut queries = Vec::new();
+            for (s, t) in tables.iter().enumerate() {
+                for hi in [1, n_kv.div_ceil(2), n_kv] {
+                    queries.push(PagedQuery {
+                        table: t,
+                        lo: if s == 1 { hi.saturating_sub(5) } else { 0 },
+                        hi,
+                        scale: 0.125 + s as f32,
+                    });
+                }
+            }
+            let q = data(3, queries.len() * n_head * hd, 2.0);
+            let mut want = vec![0f32; q.len()];
+            attn_paged_f16(&queries, &q, &k, &v, sh, &mut want, None).unwrap();
+            let pool = ThreadPool::new(3);
+            for p in [None, Some(&pool)] {
+                let mut got = vec![0f32; q.len()];
+                attn_paged_f16_grouped(&queries, &q, &k, &v, sh, &mut got, p).unwrap();
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{n_head}/{n_head_kv} hd {hd} bs {bs} kv {n_kv}");
+                // One query alone: the same bits as inside the batch.
+                for (i, pq) in queries.iter().enumerate() {
+                    let w = n_head * hd;
+                    let mut one = vec![0f32; w];
+                    attn_paged_f16_grouped(
+                        std::slice::from_ref(pq),
+                        &q[i * w..(i + 1) * w],
+                        &k,
+                        &v,
+                        sh,
+                        &mut one,
+                        p,
+                    )
+                    .unwrap();
+                    assert!(
+                        one.iter()
+                            .zip(&got[i * w..])
+                            .all(|(a, b)| a.to_bits() == b.to_bits())
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let sh = PagedShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+            n_slots: 8,
+            block_size: 4,
+        };
+        let (k, v) = (vec![0u16; 8 * 64], vec![0u16; 8 * 64]);
+        let table = [0u32, 5];
+        let queries = [PagedQuery {
+            table: &table,
+            lo: 0,
+            hi: 6,
+            scale: 1.0,
+        }];
+        let q = vec![0f32; 128];
+        let mut out = vec![0f32; 128];
+        assert!(attn_paged_f16_grouped(&queries, &q, &k, &v, sh, &mut out, None).is_err());
+        let mut short = vec![0f32; 127];
+        assert!(attn_paged_f16_grouped(&queries, &q, &k, &v, sh, &mut short, None).is_err());
+    }
+}
