@@ -1,0 +1,232 @@
+//! Prompt-lookup drafting for speculative decoding (`--draft-ngram N`): the next tokens are
+//! guessed by finding the context's last n-gram earlier in the context (prompt and generated
+//! text alike) and copying what followed it there. Code edits, quotes and retrieval answers
+//! repeat long spans of their prompt, so the guesses are often right; the model verifies them
+//! all in one forward pass ([`crate::generate`]), so a wrong guess costs compute, never output.
+//!
+//! The search tries n-gram lengths from [`DraftConfig::ngram_max`] down to
+//! [`DraftConfig::ngram_min`] and takes, for the longest length that matches, the most recent
+//! earlier occurrence. The copy runs like an LZ77 back-reference: when the continuation
+//! reaches the end of the context it goes on through the tokens it has just drafted, so a
+//! periodic tail (`a b a b a b`) drafts its period again and again.
+
+use crate::RuntimeError;
+
+/// Most tokens one verify pass drafts: `1 + max_draft` rows must stay below the CPU backend's
+/// GEMM threshold ([`damascus_model::backend::cpu::GEMM_MIN_TOKENS`], 16) so that the verify
+/// pass takes the same matmul route as one-token decode steps and its logits are bit for bit
+/// those of plain decoding.
+pub const MAX_DRAFT: usize = damascus_model::backend::cpu::GEMM_MIN_TOKENS - 2;
+
+/// Longest n-gram the drafter matches.
+pub const MAX_NGRAM: usize = 64;
+
+/// Settings of the n-gram drafter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftConfig {
+    /// Longest n-gram to match (tried first), `1..=`[`MAX_NGRAM`].
+    pub ngram_max: usize,
+    /// Shortest n-gram to match (tried last), `1..=ngram_max`.
+    pub ngram_min: usize,
+    /// Most tokens drafted per verify pass, `1..=`[`MAX_DRAFT`].
+    pub max_draft: usize,
+}
+
+impl Default for DraftConfig {
+    fn default() -> Self {
+        Self {
+            ngram_max: 3,
+            ngram_min: 1,
+            max_draft: 10,
+        }
+    }
+}
+
+impl DraftConfig {
+    /// Checks the ranges (bad user input is an error, never a panic).
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        let bad = |param: &'static str, value: usize, reason: &'static str| {
+            Err(RuntimeError::InvalidDraftParam {
+                param,
+                value,
+                reason,
+            })
+        };
+        if self.ngram_max == 0 || self.ngram_max > MAX_NGRAM {
+            return bad("draft-ngram", self.ngram_max, "must be in 1..=64");
+        }
+        if self.ngram_min == 0 || self.ngram_min > self.ngram_max {
+            return bad(
+                "draft-ngram-min",
+                self.ngram_min,
+                "must be at least 1 and at most --draft-ngram",
+            );
+        }
+        if self.max_draft == 0 || self.max_draft > MAX_DRAFT {
+            return bad(
+                "draft-max",
+                self.max_draft,
+                "must be in 1..=14 (the verify pass stays on the decode kernels)",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Appends to `out` up to `max` tokens guessed to follow `ctx` (nothing when no n-gram of
+/// `cfg` matches). Returns the length of the n-gram that matched (0: none).
+///
+/// `ctx` is every token so far, prompt and generated, oldest first. The match must end
+/// before the last token (the tail itself is not a match); see the module docs.
+pub fn draft(ctx: &[u32], cfg: &DraftConfig, max: usize, out: &mut Vec<u32>) -> usize {
+    let len = ctx.len();
+    if max == 0 {
+        return 0;
+    }
+    for n in (cfg.ngram_min.max(1)..=cfg.ngram_max).rev() {
+        if len < n + 1 {
+            continue;
+        }
+        let tail = &ctx[len - n..];
+        // Candidate starts s with s + n <= len - 1: at least one token follows the match.
+        let Some(s) = (0..len - n).rev().find(|&s| &ctx[s..s + n] == tail) else {
+            continue;
+        };
+        let first = out.len();
+        for i in 0..max {
+            let src = s + n + i;
+            // src - len < i: a copy past the end reads a token drafted just before.
+            let t = if src < len {
+                ctx[src]
+            } else {
+                out[first + src - len]
+            };
+            out.push(t);
+        }
+        return n;
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(ngram_max: usize, ngram_min: usize) -> DraftConfig {
+        DraftConfig {
+            ngram_max,
+            ngram_min,
+            max_draft: MAX_DRAFT,
+        }
+    }
+
+    fn run(ctx: &[u32], c: DraftConfig, max: usize) -> (usize, Vec<u32>) {
+        let mut out = Vec::new();
+        let n = draft(ctx, &c, max, &mut out);
+        (n, out)
+    }
+
+    /// The same search written the slow, obvious way: every (n, start) pair, longest n first,
+    /// latest start first; the continuation read from `ctx ++ drafted`.
+    fn draft_ref(ctx: &[u32], c: &DraftConfig, max: usize) -> (usize, Vec<u32>) {
+        for n in (c.ngram_min..=c.ngram_max).rev() {
+            for s in (0..ctx.len().saturating_sub(n)).rev() {
+                if ctx[s..s + n] == ctx[ctx.len() - n..] {
+                    let mut ext = ctx.to_vec();
+                    for i in 0..max {
+                        ext.push(ext[s + n + i]);
+                    }
+                    return (n, ext[ctx.len()..].to_vec());
+                }
+            }
+        }
+        (0, Vec::new())
+    }
+
+    #[test]
+    fn no_match_drafts_nothing() {
+        assert_eq!(run(&[], cfg(3, 1), 8), (0, vec![]));
+        assert_eq!(run(&[7], cfg(3, 1), 8), (0, vec![]));
+        assert_eq!(run(&[1, 2, 3, 4, 5], cfg(3, 1), 8), (0, vec![]));
+        // A 2-gram that repeats does not match when only 3-grams are allowed.
+        assert_eq!(run(&[1, 2, 9, 1, 2], cfg(3, 3), 8), (0, vec![]));
+        // max = 0 drafts nothing even where a match exists.
+        assert_eq!(run(&[1, 2, 1], cfg(3, 1), 0), (0, vec![]));
+    }
+
+    #[test]
+    fn copies_the_continuation() {
+        // "1 2 3 4 5 ... 1 2" → the 2-gram "1 2" matched at 0, continuation 3 4 5 9 1 2 ...
+        let ctx = [1, 2, 3, 4, 5, 9, 1, 2];
+        assert_eq!(run(&ctx, cfg(3, 1), 3), (2, vec![3, 4, 5]));
+        // The longest n-gram wins over a more recent shorter one.
+        let ctx = [5, 1, 2, 7, 8, 2, 6, 5, 1, 2];
+        assert_eq!(run(&ctx, cfg(3, 1), 2), (3, vec![7, 8]));
+        // Of equal lengths the most recent occurrence wins.
+        let ctx = [1, 2, 3, 1, 2, 4, 1, 2];
+        assert_eq!(run(&ctx, cfg(2, 2), 1), (2, vec![4]));
+    }
+
+    #[test]
+    fn match_at_the_end_runs_through_the_draft() {
+        // The match ends right before the tail: the copy continues through what it drafted.
+        let ctx = [4, 4];
+        assert_eq!(run(&ctx, cfg(1, 1), 5), (1, vec![4, 4, 4, 4, 4]));
+        // Period 2.
+        let ctx = [1, 2, 1, 2, 1];
+        assert_eq!(run(&ctx, cfg(3, 1), 5), (3, vec![2, 1, 2, 1, 2]));
+        // Period 3, a 1-gram.
+        let ctx = [1, 2, 3, 1];
+        assert_eq!(run(&ctx, cfg(1, 1), 7), (1, vec![2, 3, 1, 2, 3, 1, 2]));
+    }
+
+    #[test]
+    fn matches_the_reference_on_awkward_sizes() {
+        // Pseudo-random contexts over a small alphabet (many matches) of awkward lengths.
+        let mut x = 0x2545_f491_u32;
+        for len in [1, 2, 3, 7, 33, 1023] {
+            for alphabet in [2, 3, 7, 50] {
+                let ctx: Vec<u32> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        x % alphabet
+                    })
+                    .collect();
+                for (hi, lo) in [(1, 1), (3, 1), (4, 2), (7, 7)] {
+                    for max in [1, 3, MAX_DRAFT] {
+                        let c = cfg(hi, lo);
+                        assert_eq!(
+                            run(&ctx, c, max),
+                            draft_ref(&ctx, &c, max),
+                            "len {len} alphabet {alphabet} n {hi}..{lo} max {max}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn appends_after_existing_tokens() {
+        let mut out = vec![99, 98];
+        let n = draft(&[1, 2, 1], &cfg(1, 1), 3, &mut out);
+        assert_eq!((n, out), (1, vec![99, 98, 2, 1, 2]));
+    }
+
+    #[test]
+    fn validate_refuses_bad_settings() {
+        assert!(DraftConfig::default().validate().is_ok());
+        for c in [cfg(0, 0), cfg(2, 3), cfg(65, 1), cfg(3, 0)] {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+        let mut c = DraftConfig::default();
+        c.max_draft = 0;
+        assert!(c.validate().is_err());
+        c.max_draft = MAX_DRAFT + 1;
+        assert!(c.validate().is_err());
+        c.max_draft = MAX_DRAFT;
+        assert!(c.validate().is_ok());
+    }
+}
