@@ -373,7 +373,10 @@ impl<B: Backend> Decoder<B> {
         ids: &[u32],
         hook: Option<HiddenHook<'_>>,
     ) -> Result<Vec<f32>, ModelError> {
-        match self.forward_as(state, ids, hook, Want::Logits, Rows::Last)?.pop() {
+        match self
+            .forward_as(state, ids, hook, Want::Logits, Rows::Last)?
+            .pop()
+        {
             Some(Output::Logits(l)) => Ok(l),
             _ => unreachable!("asked for the logits of one row"),
         }
@@ -386,7 +389,10 @@ impl<B: Backend> Decoder<B> {
         state: &mut DecoderState<B>,
         ids: &[u32],
     ) -> Result<u32, ModelError> {
-        match self.forward_as(state, ids, None, Want::Argmax, Rows::Last)?.pop() {
+        match self
+            .forward_as(state, ids, None, Want::Argmax, Rows::Last)?
+            .pop()
+        {
             Some(Output::Token(t)) => Ok(t),
             _ => unreachable!("asked for the argmax of one row"),
         }

@@ -259,16 +259,16 @@ pub struct Generator<'a> {
     sampler: SamplerChain,
     decoder: StreamDecoder<'a>,
     stop: StopMatcher,
-    prompt: Vec<u32>,           // [n_prompt] ids to prefill on the first step
-    logits: Vec<f32>,           // [n_vocab] f32 logits for the next sample
-    pending: Option<u32>,       // sampled but not yet evaluated token
-    ready: VecDeque<u32>,       // picks of the last verify pass not yet emitted (all but the last in the cache)
-    history: Vec<u32>,          // [n_prompt + n_generated] what the drafter searches (drafting only)
-    drafts: Vec<u32>,           // [<= max_draft] scratch for one verify pass
+    prompt: Vec<u32>,                // [n_prompt] ids to prefill on the first step
+    logits: Vec<f32>,                // [n_vocab] f32 logits for the next sample
+    pending: Option<u32>,            // sampled but not yet evaluated token
+    ready: VecDeque<u32>, // picks of the last verify pass not yet emitted (all but the last in the cache)
+    history: Vec<u32>,    // [n_prompt + n_generated] what the drafter searches (drafting only)
+    drafts: Vec<u32>,     // [<= max_draft] scratch for one verify pass
     draft_off: Option<&'static str>, // why drafting is off although asked for
     finish: Option<StopReason>, // decided during the last step, reported on the next
-    ids: Vec<u32>,              // [n_generated]
-    text: String,               // released text so far
+    ids: Vec<u32>,        // [n_generated]
+    text: String,         // released text so far
     phase: Phase,
     timings: Timings,
     t_start: Option<Instant>,
