@@ -30,7 +30,8 @@
 //! followed an earlier occurrence of the context's last n-gram, runs the last token and the
 //! drafts through the model in one pass with a greedy pick after every position, keeps the
 //! drafts up to the first one the model would not have picked plus the model's own next token,
-//! and drops the rejected positions from the KV cache. The tokens are those of plain greedy
+//! and drops the rejected positions from the KV cache; a [`lookup::Pacer`] shortens or pauses
+//! the drafts while they keep being rejected. The tokens are those of plain greedy
 //! decoding, bit for bit, on backends whose multi-token passes are row-invariant (the CPU
 //! backends, [`Sequence::row_invariant`]); elsewhere, and with any other sampler (temperature,
 //! penalties, grammar, logprobs), drafting stays off ([`Generator::draft_off_reason`]). The
@@ -265,6 +266,7 @@ pub struct Generator<'a> {
     ready: VecDeque<u32>, // picks of the last verify pass not yet emitted (all but the last in the cache)
     history: Vec<u32>,    // [n_prompt + n_generated] what the drafter searches (drafting only)
     drafts: Vec<u32>,     // [<= max_draft] scratch for one verify pass
+    pacer: Option<lookup::Pacer>, // sizes the drafts (drafting only)
     draft_off: Option<&'static str>, // why drafting is off although asked for
     finish: Option<StopReason>, // decided during the last step, reported on the next
     ids: Vec<u32>,        // [n_generated]
@@ -324,6 +326,7 @@ impl<'a> Generator<'a> {
             ready: VecDeque::new(),
             history: Vec::new(),
             drafts: Vec::new(),
+            pacer: None,
             draft_off,
             finish: None,
             ids: Vec::new(),
@@ -424,8 +427,9 @@ impl<'a> Generator<'a> {
                 self.timings.prompt_cached = pre.reused;
                 self.timings.prompt_evaluated = pre.evaluated;
                 self.timings.prompt_ms = ms(t1 - t0);
-                if self.drafting().is_some() {
+                if let Some(d) = self.drafting() {
                     self.history.clone_from(&self.prompt);
+                    self.pacer = Some(lookup::Pacer::new(d.max_draft.min(lookup::MAX_DRAFT)));
                     self.timings.draft = Some(DraftStats::default());
                 }
             }
@@ -531,9 +535,9 @@ impl<'a> Generator<'a> {
             .cfg
             .max_tokens
             .map_or(usize::MAX, |m| m.saturating_sub(self.ids.len()));
-        let max = dcfg
-            .max_draft
-            .min(lookup::MAX_DRAFT)
+        let max_draft = dcfg.max_draft.min(lookup::MAX_DRAFT);
+        let paced = self.pacer.as_mut().map_or(max_draft, |p| p.budget());
+        let max = paced
             .min(self.seq.n_free().saturating_sub(1))
             .min(budget.saturating_sub(1));
         let mut drafts = std::mem::take(&mut self.drafts);
@@ -555,6 +559,9 @@ impl<'a> Generator<'a> {
             .take_while(|(p, d)| p == d)
             .count();
         self.seq.truncate(n_past + 1 + kept);
+        if let Some(p) = self.pacer.as_mut() {
+            p.record(drafts.len(), kept);
+        }
         if let Some(st) = self.timings.draft.as_mut() {
             st.passes += 1;
             st.drafted += drafts.len();

@@ -9,6 +9,12 @@
 //! earlier occurrence. The copy runs like an LZ77 back-reference: when the continuation
 //! reaches the end of the context it goes on through the tokens it has just drafted, so a
 //! periodic tail (`a b a b a b`) drafts its period again and again.
+//!
+//! A verify pass costs more for every drafted row (on the CPU about a fifth of a one-token
+//! step per row, [`ROW_COST`]), so a [`Pacer`] sizes the drafts by how the recent ones did:
+//! long while they are kept, short while they are rejected, and not at all for a while after
+//! misses in a row. Text that copies its context (code edits, quotes) drafts long; free text
+//! rarely drafts.
 
 use crate::RuntimeError;
 
@@ -70,6 +76,89 @@ impl DraftConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// What one drafted row adds to a verify pass, as a fraction of a one-token decode step
+/// (measured on the CPU backend with the default model: a pass of 1 + k rows costs about
+/// 1 + k/5 steps, the GEMV's work growing with the rows it multiplies).
+pub const ROW_COST: f32 = 0.2;
+
+/// Weight of the past per drafted-token outcome (kept or rejected) in the pacer's acceptance
+/// estimate: about the last 20 outcomes count.
+const DECAY: f32 = 0.95;
+
+/// Longest pause after misses in a row, in decode steps.
+const MAX_SKIP: usize = 15;
+
+/// Sizes the drafts of one generation by how the previous ones fared (see the module docs).
+///
+/// The chance `p` that a drafted token is right, given that the ones before it were, is
+/// estimated from recent outcomes (kept drafts vs. rejections, weighted by [`DECAY`] per
+/// outcome, starting at ½). The `i`-th drafted token pays off when `p^i > ROW_COST`, so the cap is the
+/// largest such `i` (at least 1, at most `max_draft`). After drafts rejected at their first
+/// token in a row, drafting pauses for 1, 3, 7, then 15 steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pacer {
+    max_draft: usize,
+    /// Decayed count of drafted tokens kept.
+    hits: f32,
+    /// Decayed count of rejections (passes stopped by a wrong draft).
+    fails: f32,
+    /// Decode steps left to skip drafting.
+    skip: usize,
+    /// Drafts rejected at their first token in a row.
+    misses: u32,
+}
+
+impl Pacer {
+    /// A pacer for drafts of at most `max_draft` tokens.
+    pub fn new(max_draft: usize) -> Self {
+        Self {
+            max_draft: max_draft.max(1),
+            hits: 0.0,
+            fails: 0.0,
+            skip: 0,
+            misses: 0,
+        }
+    }
+
+    /// The estimated chance that a drafted token is right given the ones before it were.
+    pub fn acceptance(&self) -> f32 {
+        (self.hits + 1.0) / (self.hits + self.fails + 2.0)
+    }
+
+    /// Most tokens to draft at this decode step (0: do not draft now); call once per step.
+    pub fn budget(&mut self) -> usize {
+        if self.skip > 0 {
+            self.skip -= 1;
+            return 0;
+        }
+        let p = self.acceptance();
+        let n = if p <= ROW_COST {
+            1.0
+        } else {
+            (ROW_COST.ln() / p.ln()).floor()
+        };
+        // `n` is finite and at least 0 here (0 < ROW_COST < p < 1).
+        (n.min(self.max_draft as f32) as usize).max(1)
+    }
+
+    /// Records a verify pass that drafted `drafted` tokens (at least one), of which the first
+    /// `kept` were confirmed.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        let fail = usize::from(kept < drafted);
+        let w = DECAY.powi(i32::try_from(kept + fail).unwrap_or(i32::MAX));
+        self.hits = self.hits * w + kept as f32;
+        self.fails = self.fails * w + fail as f32;
+        if kept == 0 {
+            self.misses = self.misses.saturating_add(1);
+            // 1 miss: try again at once; then pause 1, 3, 7, 15 steps.
+            let shift = (self.misses - 1).min(4);
+            self.skip = ((1usize << shift) - 1).min(MAX_SKIP);
+        } else {
+            self.misses = 0;
+        }
     }
 }
 
@@ -213,6 +302,54 @@ mod tests {
         let mut out = vec![99, 98];
         let n = draft(&[1, 2, 1], &cfg(1, 1), 3, &mut out);
         assert_eq!((n, out), (1, vec![99, 98, 2, 1, 2]));
+    }
+
+    #[test]
+    fn pacer_drafts_longer_as_drafts_get_kept() {
+        let mut p = Pacer::new(14);
+        // The prior ½: two tokens (½² > ROW_COST > ½³).
+        assert_eq!(p.budget(), 2);
+        let mut last = 2;
+        for _ in 0..12 {
+            let n = p.budget();
+            assert!(n >= last, "{n} < {last}");
+            p.record(n, n);
+            last = n;
+        }
+        assert_eq!(p.budget(), 14);
+        // Rejections shorten the drafts again.
+        for _ in 0..6 {
+            let n = p.budget();
+            p.record(n, n / 4);
+        }
+        let n = p.budget();
+        assert!((1..14).contains(&n), "{n}");
+        // The cap bounds the budget; a tiny cap stays at least 1.
+        let mut p = Pacer::new(3);
+        for _ in 0..10 {
+            p.record(3, 3);
+        }
+        assert_eq!(p.budget(), 3);
+        assert_eq!(Pacer::new(0).budget(), 1);
+    }
+
+    #[test]
+    fn pacer_pauses_after_misses_in_a_row() {
+        let mut p = Pacer::new(8);
+        // Misses in a row pause 0, 1, 3, 7, 15, 15 steps, then draft one token.
+        for (i, pause) in [0, 1, 3, 7, 15, 15].into_iter().enumerate() {
+            p.record(1, 0);
+            for _ in 0..pause {
+                assert_eq!(p.budget(), 0, "miss {i}");
+            }
+            assert_eq!(p.budget(), 1, "miss {i}");
+        }
+        assert!(p.acceptance() < ROW_COST);
+        // A kept draft ends the pauses.
+        p.record(1, 1);
+        assert!(p.budget() >= 1);
+        p.record(2, 1);
+        assert!(p.budget() >= 1);
     }
 
     #[test]
