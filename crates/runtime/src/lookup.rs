@@ -358,8 +358,10 @@ mod tests {
         for c in [cfg(0, 0), cfg(2, 3), cfg(65, 1), cfg(3, 0)] {
             assert!(c.validate().is_err(), "{c:?}");
         }
-        let mut c = DraftConfig::default();
-        c.max_draft = 0;
+        let mut c = DraftConfig {
+            max_draft: 0,
+            ..DraftConfig::default()
+        };
         assert!(c.validate().is_err());
         c.max_draft = MAX_DRAFT + 1;
         assert!(c.validate().is_err());

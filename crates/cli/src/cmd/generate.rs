@@ -153,13 +153,28 @@ pub struct SamplingArgs {
     /// tokens (then N-1, … down to --draft-ngram-min) earlier in the context and copying what
     /// followed; the model checks the drafts in one pass. Same output as without; greedy
     /// decoding only (--temp 0). 0 = off.
-    #[arg(long = "draft-ngram", value_name = "N", default_value_t = 0)]
+    #[arg(
+        long = "draft-ngram",
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub draft_ngram: usize,
     /// Shortest n-gram --draft-ngram matches.
-    #[arg(long = "draft-ngram-min", value_name = "N", default_value_t = 1)]
+    #[arg(
+        long = "draft-ngram-min",
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
     pub draft_ngram_min: usize,
     /// Most tokens drafted per verify pass (1..=14), with --draft-ngram.
-    #[arg(long = "draft-max", value_name = "K", default_value_t = 10)]
+    #[arg(
+        long = "draft-max",
+        value_name = "K",
+        default_value_t = 10,
+        allow_negative_numbers = true
+    )]
     pub draft_max: usize,
 }
 
