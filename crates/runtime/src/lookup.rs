@@ -41,9 +41,9 @@ pub struct DraftConfig {
 impl Default for DraftConfig {
     fn default() -> Self {
         Self {
-            ngram_max: 3,
+            ngram_max: 4,
             ngram_min: 1,
-            max_draft: 10,
+            max_draft: MAX_DRAFT,
         }
     }
 }

@@ -168,11 +168,12 @@ pub struct SamplingArgs {
         allow_negative_numbers = true
     )]
     pub draft_ngram_min: usize,
-    /// Most tokens drafted per verify pass (1..=14), with --draft-ngram.
+    /// Most tokens drafted per verify pass (1..=14; the drafts adapt below it), with
+    /// --draft-ngram.
     #[arg(
         long = "draft-max",
         value_name = "K",
-        default_value_t = 10,
+        default_value_t = 14,
         allow_negative_numbers = true
     )]
     pub draft_max: usize,
