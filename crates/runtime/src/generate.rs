@@ -50,7 +50,7 @@ use std::time::Instant;
 use damascus_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::RuntimeError;
-use crate::lookup::{self, DraftConfig};
+use crate::lookup::{self, DraftConfig, Pacer};
 use crate::sampler::{SamplerChain, TokenLogprob, token_logprob, top_logprobs};
 use crate::sequence::Sequence;
 use crate::stop::StopMatcher;
@@ -263,14 +263,14 @@ pub struct Generator<'a> {
     prompt: Vec<u32>,                // [n_prompt] ids to prefill on the first step
     logits: Vec<f32>,                // [n_vocab] f32 logits for the next sample
     pending: Option<u32>,            // sampled but not yet evaluated token
-    ready: VecDeque<u32>, // picks of the last verify pass not yet emitted (all but the last in the cache)
-    history: Vec<u32>,    // [n_prompt + n_generated] what the drafter searches (drafting only)
-    drafts: Vec<u32>,     // [<= max_draft] scratch for one verify pass
-    pacer: Option<lookup::Pacer>, // sizes the drafts (drafting only)
+    ready: VecDeque<u32>,            // verified picks to emit; all but the last already cached
+    history: Vec<u32>,               // [n_prompt + n_generated] what the drafter searches
+    drafts: Vec<u32>,                // [<= max_draft] scratch of one verify pass
+    pacer: Option<Pacer>,            // sizes the drafts (drafting only)
     draft_off: Option<&'static str>, // why drafting is off although asked for
-    finish: Option<StopReason>, // decided during the last step, reported on the next
-    ids: Vec<u32>,        // [n_generated]
-    text: String,         // released text so far
+    finish: Option<StopReason>,      // decided during the last step, reported on the next
+    ids: Vec<u32>,                   // [n_generated]
+    text: String,                    // released text so far
     phase: Phase,
     timings: Timings,
     t_start: Option<Instant>,
@@ -429,7 +429,7 @@ impl<'a> Generator<'a> {
                 self.timings.prompt_ms = ms(t1 - t0);
                 if let Some(d) = self.drafting() {
                     self.history.clone_from(&self.prompt);
-                    self.pacer = Some(lookup::Pacer::new(d.max_draft.min(lookup::MAX_DRAFT)));
+                    self.pacer = Some(Pacer::new(d.max_draft.min(lookup::MAX_DRAFT)));
                     self.timings.draft = Some(DraftStats::default());
                 }
             }
