@@ -206,3 +206,73 @@ fn chat_piped_stdin_reuses_the_cache() {
     assert!(n(t3, "prompt_cached") > 0);
     assert!(n(t3, "prompt_cached") < n(t3, "prompt_tokens"));
 }
+
+#[test]
+fn draft_ngram_gives_the_plain_greedy_output_and_reports_acceptance() {
+    let prompt = "Copy this list: apples, pears, plums, cherries, apples, pears, plums, cherries, \
+                  apples, pears, plums, cherries.\nCopy: apples, pears,";
+    let plain = generate_json(prompt, &[]);
+    let spec = generate_json(prompt, &["--draft-ngram", "3", "--draft-max", "8"]);
+    assert_eq!(ids(&spec["ids"]), ids(&plain["ids"]));
+    assert_eq!(spec["text"], plain["text"]);
+    assert!(plain["timings"]["draft"].is_null());
+    let d = &spec["timings"]["draft"];
+    let (drafted, accepted) = (
+        d["drafted"].as_u64().unwrap(),
+        d["accepted"].as_u64().unwrap(),
+    );
+    assert!(drafted > 0 && accepted > 0 && accepted <= drafted, "{d}");
+    // The summary line on stderr.
+    let (_, stderr) = damascus(
+        &[
+            "generate",
+            "-p",
+            prompt,
+            "--temp",
+            "0",
+            "-n",
+            "16",
+            "--draft-ngram",
+            "3",
+        ],
+        None,
+    );
+    assert!(
+        stderr.contains("draft:") && stderr.contains("accepted of"),
+        "{stderr}"
+    );
+    // Sampling at a temperature: a warning, and plain decoding.
+    let (_, stderr) = damascus(
+        &[
+            "generate",
+            "-p",
+            prompt,
+            "--temp",
+            "0.8",
+            "-n",
+            "4",
+            "--draft-ngram",
+            "3",
+        ],
+        None,
+    );
+    assert!(stderr.contains("--draft-ngram ignored"), "{stderr}");
+    // Bad settings are refused before loading.
+    for bad in [
+        &["--draft-ngram", "3", "--draft-max", "15"][..],
+        &["--draft-ngram", "3", "--draft-max", "0"],
+        &["--draft-ngram", "2", "--draft-ngram-min", "3"],
+        &["--draft-ngram", "65"],
+        &["--draft-ngram", "-1"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_damascus"))
+            .args(["generate", "-p", "hi", "--temp", "0"])
+            .args(bad)
+            .output()
+            .expect("spawn damascus");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(err.contains("draft"), "{bad:?}: {err}");
+        assert!(!err.contains("panicked"), "{bad:?}: {err}");
+    }
+}

@@ -373,9 +373,12 @@ impl<B: Backend> Decoder<B> {
         ids: &[u32],
         hook: Option<HiddenHook<'_>>,
     ) -> Result<Vec<f32>, ModelError> {
-        match self.forward_as(state, ids, hook, Want::Logits)? {
-            Output::Logits(l) => Ok(l),
-            Output::Token(_) => unreachable!("asked for logits"),
+        match self
+            .forward_as(state, ids, hook, Want::Logits, Rows::Last)?
+            .pop()
+        {
+            Some(Output::Logits(l)) => Ok(l),
+            _ => unreachable!("asked for the logits of one row"),
         }
     }
 
@@ -386,10 +389,46 @@ impl<B: Backend> Decoder<B> {
         state: &mut DecoderState<B>,
         ids: &[u32],
     ) -> Result<u32, ModelError> {
-        match self.forward_as(state, ids, None, Want::Argmax)? {
-            Output::Token(t) => Ok(t),
-            Output::Logits(_) => unreachable!("asked for the argmax"),
+        match self
+            .forward_as(state, ids, None, Want::Argmax, Rows::Last)?
+            .pop()
+        {
+            Some(Output::Token(t)) => Ok(t),
+            _ => unreachable!("asked for the argmax of one row"),
         }
+    }
+
+    /// Like [`Decoder::forward`], returning the `[n_vocab]` logits of every one of `ids`
+    /// (row `i`: the prediction after `ids[i]`), as a speculative verify pass needs. Each row
+    /// goes through the same kernels as in a pass of its own where the backend is
+    /// row-invariant ([`Backend::supports_batches`]).
+    pub fn forward_all(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_as(state, ids, None, Want::Logits, Rows::All)?
+            .into_iter()
+            .map(|o| match o {
+                Output::Logits(l) => Ok(l),
+                Output::Token(_) => unreachable!("asked for logits"),
+            })
+            .collect()
+    }
+
+    /// Like [`Decoder::forward_all`], returning the greedy pick after every one of `ids`.
+    pub fn forward_all_argmax(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &[u32],
+    ) -> Result<Vec<u32>, ModelError> {
+        self.forward_as(state, ids, None, Want::Argmax, Rows::All)?
+            .into_iter()
+            .map(|o| match o {
+                Output::Token(t) => Ok(t),
+                Output::Logits(_) => unreachable!("asked for the argmax"),
+            })
+            .collect()
     }
 
     fn forward_as(
@@ -398,7 +437,8 @@ impl<B: Backend> Decoder<B> {
         ids: &[u32],
         mut hook: Option<HiddenHook<'_>>,
         want: Want,
-    ) -> Result<Output, ModelError> {
+        rows: Rows,
+    ) -> Result<Vec<Output>, ModelError> {
         let n_tokens = ids.len();
         if n_tokens == 0 {
             return Err(ModelError::EmptyInput);
@@ -423,9 +463,9 @@ impl<B: Backend> Decoder<B> {
             table: &state.table,
             logits: true,
         }];
-        let out = self.forward_paged(&mut state.kv, &seq, &mut hook, want)?;
+        let out = self.forward_paged(&mut state.kv, &seq, &mut hook, want, rows)?;
         state.n_past += n_tokens;
-        Ok(out.into_iter().next().expect("one sequence wants logits"))
+        Ok(out)
     }
 
     /// One step of many sequences over `kv`: each sequence's `ids` appended at its positions
@@ -437,7 +477,7 @@ impl<B: Backend> Decoder<B> {
         kv: &mut PagedKv<B>,
         seqs: &[SeqInput<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.forward_paged(kv, seqs, &mut None, Want::Logits)?
+        self.forward_paged(kv, seqs, &mut None, Want::Logits, Rows::Last)?
             .into_iter()
             .map(|o| match o {
                 Output::Logits(l) => Ok(l),
@@ -452,6 +492,7 @@ impl<B: Backend> Decoder<B> {
         seqs: &[SeqInput<'_>],
         hook: &mut Option<HiddenHook<'_>>,
         want: Want,
+        rows_out: Rows,
     ) -> Result<Vec<Output>, ModelError> {
         let n_vocab = self.params.n_vocab;
         let mut ids = Vec::new(); // [n_tokens] the step's tokens, sequence after sequence
@@ -477,7 +518,10 @@ impl<B: Backend> Decoder<B> {
             let rows = ids.len()..ids.len() + s.ids.len();
             ids.extend_from_slice(s.ids);
             if s.logits {
-                out_rows.push(rows.end - 1);
+                match rows_out {
+                    Rows::Last => out_rows.push(rows.end - 1),
+                    Rows::All => out_rows.extend(rows.clone()),
+                }
             }
             spans.push(SeqSpan {
                 rows,
@@ -517,7 +561,11 @@ impl<B: Backend> Decoder<B> {
         });
         kv.scratch = Some(s);
         let mut out: Vec<Output> = out?;
-        out.truncate(seqs.iter().filter(|s| s.logits).count());
+        let wanted: usize = match rows_out {
+            Rows::Last => seqs.iter().filter(|s| s.logits).count(),
+            Rows::All => seqs.iter().filter(|s| s.logits).map(|s| s.ids.len()).sum(),
+        };
+        out.truncate(wanted);
         Ok(out)
     }
 
@@ -667,6 +715,15 @@ impl<B: Backend> Scratch<B> {
 enum Want {
     Logits,
     Argmax,
+}
+
+/// Which rows of a sequence that wants logits get them.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// The last row only (prompts, decode steps).
+    Last,
+    /// Every row (a speculative verify pass).
+    All,
 }
 
 enum Output {

@@ -88,6 +88,9 @@ trait Engine: Send + Sync {
 trait SessionState: Send {
     fn eval(&mut self, ids: &[u32], hook: Option<HiddenHook<'_>>) -> Result<Vec<f32>, ModelError>;
     fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError>;
+    fn eval_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError>;
+    fn eval_all_argmax(&mut self, ids: &[u32]) -> Result<Vec<u32>, ModelError>;
+    fn row_invariant(&self) -> bool;
     fn n_past(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn truncate(&mut self, n: usize);
@@ -155,6 +158,18 @@ impl<B: Backend> SessionState for SessionOf<B> {
 
     fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError> {
         self.decoder.forward_argmax(&mut self.state, ids)
+    }
+
+    fn eval_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.decoder.forward_all(&mut self.state, ids)
+    }
+
+    fn eval_all_argmax(&mut self, ids: &[u32]) -> Result<Vec<u32>, ModelError> {
+        self.decoder.forward_all_argmax(&mut self.state, ids)
+    }
+
+    fn row_invariant(&self) -> bool {
+        self.decoder.backend().supports_batches()
     }
 
     fn n_past(&self) -> usize {
@@ -391,6 +406,25 @@ impl Session {
     /// on the device.
     pub fn eval_argmax(&mut self, ids: &[u32]) -> Result<u32, ModelError> {
         self.inner.eval_argmax(ids)
+    }
+
+    /// Appends `ids` like [`Session::eval`] and returns the `[n_vocab]` logits after every one
+    /// of them (`ids.len()` rows): the verify pass of speculative decoding.
+    pub fn eval_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.inner.eval_all(ids)
+    }
+
+    /// Like [`Session::eval_all`], returning only the greedy pick after every one of `ids`.
+    pub fn eval_all_argmax(&mut self, ids: &[u32]) -> Result<Vec<u32>, ModelError> {
+        self.inner.eval_all_argmax(ids)
+    }
+
+    /// Whether every row of a multi-token pass gets the same logits as passes of one token at
+    /// a time at the same positions (backends with batched attention: the CPU backends; bit
+    /// for bit below [`crate::backend::cpu::GEMM_MIN_TOKENS`] rows, and above it too except
+    /// on AMX prompt tiles). Speculative decoding relies on it to match plain decoding.
+    pub fn row_invariant(&self) -> bool {
+        self.inner.row_invariant()
     }
 
     /// Like [`Session::eval`], calling `hook` with every hidden state (embeddings, each

@@ -25,10 +25,23 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Speculative decoding by prompt lookup ([`GenerateConfig::draft`], [`crate::lookup`]): with
+//! plain greedy sampling, each decode step drafts up to `max_draft` tokens by copying what
+//! followed an earlier occurrence of the context's last n-gram, runs the last token and the
+//! drafts through the model in one pass with a greedy pick after every position, keeps the
+//! drafts up to the first one the model would not have picked plus the model's own next token,
+//! and drops the rejected positions from the KV cache; a [`lookup::Pacer`] shortens or pauses
+//! the drafts while they keep being rejected. The tokens are those of plain greedy
+//! decoding, bit for bit, on backends whose multi-token passes are row-invariant (the CPU
+//! backends, [`Sequence::row_invariant`]); elsewhere, and with any other sampler (temperature,
+//! penalties, grammar, logprobs), drafting stays off ([`Generator::draft_off_reason`]). The
+//! events still come one token per [`Generator::step`].
+//!
 //! Timings follow llama.cpp: prompt evaluation (tokens actually evaluated, not reused from the
 //! cache) and generation are timed separately; time to first token runs from the first `step`
 //! to the first sampled token.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +50,7 @@ use std::time::Instant;
 use damascus_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::RuntimeError;
+use crate::lookup::{self, DraftConfig, Pacer};
 use crate::sampler::{SamplerChain, TokenLogprob, token_logprob, top_logprobs};
 use crate::sequence::Sequence;
 use crate::stop::StopMatcher;
@@ -59,6 +73,8 @@ pub struct GenerateConfig {
     pub top_logprobs: usize,
     /// Set to `true` from another thread (e.g. a Ctrl-C handler) to stop at the next step.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Speculative decoding by prompt lookup (greedy only; see the module docs); `None`: off.
+    pub draft: Option<DraftConfig>,
 }
 
 /// Why generation ended.
@@ -109,6 +125,30 @@ pub struct Timings {
     pub ttft_ms: f64,
     /// Total wall time, ms.
     pub total_ms: f64,
+    /// Speculative decoding counters; `None` when drafting was off.
+    pub draft: Option<DraftStats>,
+}
+
+/// What prompt-lookup drafting did in one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DraftStats {
+    /// Verify passes that carried at least one drafted token.
+    pub passes: usize,
+    /// Tokens drafted.
+    pub drafted: usize,
+    /// Drafted tokens the model agreed with (kept).
+    pub accepted: usize,
+}
+
+impl DraftStats {
+    /// `accepted / drafted` (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
 }
 
 impl Timings {
@@ -152,7 +192,18 @@ impl fmt::Display for Timings {
             f,
             "first token: {:>8.2} ms; total {:.2} ms",
             self.ttft_ms, self.total_ms
-        )
+        )?;
+        if let Some(d) = &self.draft {
+            write!(
+                f,
+                "\ndraft:       {:>5} accepted of {:>5} drafted ({:.1}%) in {} verify passes",
+                d.accepted,
+                d.drafted,
+                100.0 * d.acceptance(),
+                d.passes
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -209,12 +260,17 @@ pub struct Generator<'a> {
     sampler: SamplerChain,
     decoder: StreamDecoder<'a>,
     stop: StopMatcher,
-    prompt: Vec<u32>,           // [n_prompt] ids to prefill on the first step
-    logits: Vec<f32>,           // [n_vocab] f32 logits for the next sample
-    pending: Option<u32>,       // sampled but not yet evaluated token
-    finish: Option<StopReason>, // decided during the last step, reported on the next
-    ids: Vec<u32>,              // [n_generated]
-    text: String,               // released text so far
+    prompt: Vec<u32>,                // [n_prompt] ids to prefill on the first step
+    logits: Vec<f32>,                // [n_vocab] f32 logits for the next sample
+    pending: Option<u32>,            // sampled but not yet evaluated token
+    ready: VecDeque<u32>,            // verified picks to emit; all but the last already cached
+    history: Vec<u32>,               // [n_prompt + n_generated] what the drafter searches
+    drafts: Vec<u32>,                // [<= max_draft] scratch of one verify pass
+    pacer: Option<Pacer>,            // sizes the drafts (drafting only)
+    draft_off: Option<&'static str>, // why drafting is off although asked for
+    finish: Option<StopReason>,      // decided during the last step, reported on the next
+    ids: Vec<u32>,                   // [n_generated]
+    text: String,                    // released text so far
     phase: Phase,
     timings: Timings,
     t_start: Option<Instant>,
@@ -245,6 +301,18 @@ impl<'a> Generator<'a> {
     ) -> Self {
         let stop = StopMatcher::new(cfg.stop.iter().cloned());
         let decoder = tok.stream_decoder(cfg.show_special);
+        let draft_off = if cfg.draft.is_none() {
+            None
+        } else if !sampler.is_plain_greedy() || cfg.logprobs || cfg.top_logprobs > 0 {
+            Some(
+                "drafting needs plain greedy decoding (temperature 0, no penalties, grammar or \
+                 logprobs)",
+            )
+        } else if !seq.row_invariant() {
+            Some("drafting needs a backend whose multi-token passes are row-invariant (CPU)")
+        } else {
+            None
+        };
         Self {
             seq,
             tok,
@@ -255,6 +323,11 @@ impl<'a> Generator<'a> {
             prompt: prompt.to_vec(),
             logits: Vec::new(),
             pending: None,
+            ready: VecDeque::new(),
+            history: Vec::new(),
+            drafts: Vec::new(),
+            pacer: None,
+            draft_off,
             finish: None,
             ids: Vec::new(),
             text: String::new(),
@@ -263,6 +336,18 @@ impl<'a> Generator<'a> {
             t_start: None,
             t_prefill_end: None,
         }
+    }
+
+    /// Why speculative decoding is off although [`GenerateConfig::draft`] asks for it (the
+    /// sampler or the backend cannot promise plain greedy output with it); `None` when it runs
+    /// or was not asked for.
+    pub fn draft_off_reason(&self) -> Option<&'static str> {
+        self.draft_off
+    }
+
+    /// The drafter's settings when speculative decoding runs.
+    fn drafting(&self) -> Option<DraftConfig> {
+        self.cfg.draft.filter(|_| self.draft_off.is_none())
     }
 
     /// Ids generated so far.
@@ -342,6 +427,11 @@ impl<'a> Generator<'a> {
                 self.timings.prompt_cached = pre.reused;
                 self.timings.prompt_evaluated = pre.evaluated;
                 self.timings.prompt_ms = ms(t1 - t0);
+                if let Some(d) = self.drafting() {
+                    self.history.clone_from(&self.prompt);
+                    self.pacer = Some(Pacer::new(d.max_draft.min(lookup::MAX_DRAFT)));
+                    self.timings.draft = Some(DraftStats::default());
+                }
             }
             Phase::Running => {}
         }
@@ -358,12 +448,16 @@ impl<'a> Generator<'a> {
         // GPU the logits never come back).
         let argmax_only =
             self.sampler.is_plain_greedy() && !self.cfg.logprobs && self.cfg.top_logprobs == 0;
-        let mut picked = None;
-        if let Some(t) = self.pending.take() {
+        let mut picked = self.ready.pop_front();
+        if picked.is_some() {
+            // Decided by the last verify pass.
+        } else if let Some(t) = self.pending.take() {
             if self.seq.n_free() == 0 {
                 return Ok(Some(self.done(StopReason::ContextFull)));
             }
-            let r = if argmax_only {
+            let r = if let Some(dcfg) = self.drafting() {
+                self.verify(t, &dcfg).map(|id| picked = Some(id))
+            } else if argmax_only {
                 self.seq.eval_argmax(&[t]).map(|id| picked = Some(id))
             } else {
                 self.seq.eval(&[t]).map(|l| self.logits = l)
@@ -395,6 +489,9 @@ impl<'a> Generator<'a> {
             self.timings.ttft_ms = ms(t0.elapsed());
         }
         self.ids.push(id);
+        if self.timings.draft.is_some() {
+            self.history.push(id);
+        }
         let logprob = self
             .cfg
             .logprobs
@@ -414,9 +511,10 @@ impl<'a> Generator<'a> {
             text = out.emit;
             if let Some(i) = out.stop {
                 self.finish = Some(StopReason::StopString(self.cfg.stop[i].clone()));
-            } else {
+            } else if self.ready.is_empty() {
                 self.pending = Some(id);
             }
+            // Otherwise `id` was a drafted token the last verify pass kept: already cached.
         }
         self.text.push_str(&text);
         Ok(Some(Event::Token(TokenEvent {
@@ -427,9 +525,62 @@ impl<'a> Generator<'a> {
         })))
     }
 
+    /// One speculative step for the sampled, not yet evaluated token `t`: drafts up to
+    /// `max_draft` tokens, evaluates `[t, drafts…]` in one pass with a greedy pick after each,
+    /// keeps the drafts the picks confirm, queues the confirmed picks in `ready` and returns
+    /// the first. The cache then holds `t` and the kept drafts; the last pick is not cached.
+    fn verify(&mut self, t: u32, dcfg: &DraftConfig) -> Result<u32, RuntimeError> {
+        // Room in the cache (t plus the drafts) and in the token budget (one pick per row).
+        let budget = self
+            .cfg
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(self.ids.len()));
+        let max_draft = dcfg.max_draft.min(lookup::MAX_DRAFT);
+        let paced = self.pacer.as_mut().map_or(max_draft, |p| p.budget());
+        let max = paced
+            .min(self.seq.n_free().saturating_sub(1))
+            .min(budget.saturating_sub(1));
+        let mut drafts = std::mem::take(&mut self.drafts);
+        drafts.clear();
+        lookup::draft(&self.history, dcfg, max, &mut drafts);
+        if drafts.is_empty() {
+            self.drafts = drafts;
+            return self.seq.eval_argmax(&[t]);
+        }
+        let n_past = self.seq.n_past();
+        let mut input = Vec::with_capacity(1 + drafts.len()); // [1 + n_draft] ids
+        input.push(t);
+        input.extend_from_slice(&drafts);
+        let picks = self.seq.eval_all_argmax(&input)?; // [1 + n_draft]
+        // picks[i] follows input[i]; draft i is right when picks[i] == drafts[i].
+        let kept = picks
+            .iter()
+            .zip(&drafts)
+            .take_while(|(p, d)| p == d)
+            .count();
+        self.seq.truncate(n_past + 1 + kept);
+        if let Some(p) = self.pacer.as_mut() {
+            p.record(drafts.len(), kept);
+        }
+        if let Some(st) = self.timings.draft.as_mut() {
+            st.passes += 1;
+            st.drafted += drafts.len();
+            st.accepted += kept;
+        }
+        self.ready.extend(&picks[1..=kept]);
+        self.drafts = drafts;
+        Ok(picks[0])
+    }
+
     /// Flushes held-back text, closes the timings and builds the completion.
     fn done(&mut self, reason: StopReason) -> Event {
         self.phase = Phase::Finished;
+        if self.timings.draft.is_some() {
+            // Plain decoding leaves the prompt and every generated token but the last in the
+            // cache; verify passes may have cached kept drafts beyond a stop: drop them.
+            let plain = self.prompt.len() + self.ids.len().saturating_sub(1);
+            self.seq.truncate(plain);
+        }
         let mut tail = String::new();
         if !self.stop.is_stopped() {
             let rest = self.decoder.finish();

@@ -6,11 +6,14 @@
 //! - [`sequence`]: a model session plus the ids in its KV cache (prefix reuse, context shift).
 //! - [`generate`]: the I/O-free generation loop ([`generate::Generator`]) with events, stop
 //!   reasons, timings and cancellation.
+//! - [`lookup`]: prompt-lookup drafting (n-gram matches in the context) for speculative
+//!   decoding, verified by the generation loop in one forward pass.
 //! - [`chat`]: multi-turn chat through the model's template, reusing the KV cache per turn.
 #![forbid(unsafe_code)]
 
 pub mod chat;
 pub mod generate;
+pub mod lookup;
 pub mod sampler;
 pub mod sequence;
 pub mod stop;
@@ -44,6 +47,16 @@ pub enum RuntimeError {
         param: &'static str,
         /// The offending value, formatted.
         value: String,
+        /// What the valid range is.
+        reason: &'static str,
+    },
+    /// A speculative-decoding setting outside its valid range.
+    #[error("invalid --{param} {value}: {reason}")]
+    InvalidDraftParam {
+        /// Flag name without dashes (e.g. `draft-max`).
+        param: &'static str,
+        /// The offending value.
+        value: usize,
         /// What the valid range is.
         reason: &'static str,
     },

@@ -156,6 +156,36 @@ impl Sequence {
         }
     }
 
+    /// Appends `ids` and returns the greedy pick after every one of them (`ids.len()` picks):
+    /// the verify pass of speculative decoding ([`damascus_model::Session::eval_all_argmax`]).
+    /// Drop rejected positions afterwards with [`Sequence::truncate`].
+    pub fn eval_all_argmax(&mut self, ids: &[u32]) -> Result<Vec<u32>, RuntimeError> {
+        if self.n_past() + ids.len() > self.n_ctx() {
+            return Err(RuntimeError::ContextFull {
+                n_ctx: self.n_ctx(),
+                n_past: self.n_past(),
+                n_tokens: ids.len(),
+            });
+        }
+        match self.session.eval_all_argmax(ids) {
+            Ok(picks) => {
+                self.tokens.extend_from_slice(ids);
+                Ok(picks)
+            }
+            Err(e) => {
+                let n = self.tokens.len();
+                self.session.truncate(n);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether a multi-token pass gives every row the logits of one-token passes
+    /// ([`damascus_model::Session::row_invariant`]).
+    pub fn row_invariant(&self) -> bool {
+        self.session.row_invariant()
+    }
+
     /// Context shift: drops cached positions `keep .. keep + n_drop` and re-positions the
     /// tokens after them by re-evaluating them (simple and exact; RoPE re-rotation of the cached
     /// keys would avoid the recompute). Returns the number of tokens re-evaluated.

@@ -212,6 +212,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gcfg.cancel = Some(cancel.clone());
         let sampler = SamplerChain::from_config(&scfg)?;
         let mut generator = chat.generator(&tok, gcfg, sampler, &turn);
+        if n_turn == 1
+            && let Some(why) = generator.draft_off_reason()
+        {
+            super::warn(format_args!("--draft-ngram ignored: {why}"));
+        }
         let done = loop {
             match generator.step() {
                 Ok(Some(Event::Token(t))) => {
@@ -252,6 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "stop_reason": done.reason.as_str(),
                 "dropped_messages": turn.dropped_messages,
                 "n_past": chat.sequence().n_past(),
+                "draft": done.timings.draft,
             });
             errln!("{stats}");
         }

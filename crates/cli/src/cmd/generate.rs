@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, bail};
 use damascus_model::{KvCacheType, LoadOptions, Model};
 use damascus_runtime::generate::{Completion, Event, GenerateConfig, Generator};
+use damascus_runtime::lookup::DraftConfig;
 use damascus_runtime::sampler::{SamplerChain, SamplerConfig, SamplerKind};
 use damascus_runtime::sequence::Sequence;
 use damascus_tokenizer::Tokenizer;
@@ -163,6 +164,34 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Speculative decoding by prompt lookup: draft tokens by matching the context's last N
+    /// tokens (then N-1, … down to --draft-ngram-min) earlier in the context and copying what
+    /// followed; the model checks the drafts in one pass. Same output as without; greedy
+    /// decoding only (--temp 0). 0 = off.
+    #[arg(
+        long = "draft-ngram",
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub draft_ngram: usize,
+    /// Shortest n-gram --draft-ngram matches.
+    #[arg(
+        long = "draft-ngram-min",
+        value_name = "N",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub draft_ngram_min: usize,
+    /// Most tokens drafted per verify pass (1..=14; the drafts adapt below it), with
+    /// --draft-ngram.
+    #[arg(
+        long = "draft-max",
+        value_name = "K",
+        default_value_t = 14,
+        allow_negative_numbers = true
+    )]
+    pub draft_max: usize,
 }
 
 impl SamplingArgs {
@@ -210,7 +239,19 @@ impl SamplingArgs {
                 self.n_predict
             );
         }
+        if let Some(d) = self.draft_config() {
+            d.validate()?;
+        }
         self.sampler_config(1).map(|_| ())
+    }
+
+    /// The prompt-lookup drafter's settings (`None`: `--draft-ngram 0`, off).
+    pub fn draft_config(&self) -> Option<DraftConfig> {
+        (self.draft_ngram > 0).then_some(DraftConfig {
+            ngram_max: self.draft_ngram,
+            ngram_min: self.draft_ngram_min,
+            max_draft: self.draft_max,
+        })
     }
 
     /// The generation settings (without cancellation).
@@ -219,6 +260,7 @@ impl SamplingArgs {
             max_tokens: usize::try_from(self.n_predict).ok(),
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            draft: self.draft_config(),
             ..GenerateConfig::default()
         }
     }
@@ -397,6 +439,9 @@ fn generate(args: &CommonArgs, prompt: &str, chat: bool) -> anyhow::Result<()> {
     gcfg.cancel = Some(ctrl_c_flag());
     let mut seq = Sequence::new(model.session()?);
     let mut generator = Generator::new(&mut seq, &tok, gcfg, sampler, &ids);
+    if let Some(why) = generator.draft_off_reason() {
+        super::warn(format_args!("--draft-ngram ignored: {why}"));
+    }
     let mut stdout = std::io::stdout().lock();
     if !args.json && !templated {
         write!(stdout, "{prompt}")?;
