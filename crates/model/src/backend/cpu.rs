@@ -693,7 +693,20 @@ impl Backend for CpuBackend {
     ) -> Result<(), ModelError> {
         self.timed(
             || "qk_norm".into(),
-            || host_ops::rms_norm_heads(x, w, eps, head_dim),
+            || {
+                check_len("rms_norm_heads", "weight", w.len(), head_dim)?;
+                if head_dim == 0 || !x.width.is_multiple_of(head_dim) {
+                    // The reference reports the shape error.
+                    return host_ops::rms_norm_heads(x, w, eps, head_dim);
+                }
+                // Every head of every row on its own: rows in chunks over the pool, each
+                // through the reference kernel (the same bits as one serial call).
+                self.par_rows(&mut x.data, x.width, &|_, chunk| {
+                    let input = chunk.to_vec(); // [rows, width] f32
+                    k::rms_norm(&input, w, eps, chunk);
+                });
+                Ok(())
+            },
         )
     }
 

@@ -43,7 +43,11 @@ impl CpuBackend {
         check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
         check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
         check_len("attention", "out", out.data.len(), q.data.len())?;
-        if shape.n_head_kv != n_head_kv || shape.head_dim != hd || bs == 0 {
+        if shape.n_head_kv != n_head_kv
+            || shape.head_dim != hd
+            || bs == 0
+            || 2 * rope.inv_freq.len() > hd
+        {
             return Err(ModelError::Tensor {
                 what: format!("attention: shape {shape:?} does not match the cache"),
             });
@@ -73,28 +77,32 @@ impl CpuBackend {
                 what: format!("attention: sequences cover {covered} of {n_tokens} rows"),
             });
         }
-        // Rotate every sequence's rows at its own positions.
-        for s in batch.seqs {
-            for (t, row) in s.rows.clone().enumerate() {
-                let p = s.pos0 + t;
-                k::rope(
-                    &mut q.data[row * q_width..][..q_width],
-                    shape.n_head,
-                    hd,
-                    p,
-                    &rope.inv_freq,
-                    rope.layout,
-                );
-                k::rope(
-                    &mut kk.data[row * kv_width..][..kv_width],
-                    n_head_kv,
-                    hd,
-                    p,
-                    &rope.inv_freq,
-                    rope.layout,
-                );
+        // Rotate every sequence's rows at its own positions: one (sin, cos) table per token
+        // shared by its Q and K heads, tokens in chunks over the pool.
+        let pos: Vec<usize> = batch // [n_tokens] position of each row
+            .seqs
+            .iter()
+            .flat_map(|s| s.pos0..s.pos0 + s.rows.len())
+            .collect();
+        const ROPE_ROWS: usize = 16;
+        let tasks: Vec<_> = q
+            .data
+            .chunks_mut(ROPE_ROWS * q_width)
+            .zip(kk.data.chunks_mut(ROPE_ROWS * kv_width))
+            .zip(pos.chunks(ROPE_ROWS))
+            .collect();
+        self.pool.for_each_task(tasks, &|_, ((qc, kc), ps)| {
+            let mut sc = vec![(0f32, 0f32); rope.inv_freq.len()]; // [n_rot / 2]
+            for ((qr, kr), &p) in qc
+                .chunks_exact_mut(q_width)
+                .zip(kc.chunks_exact_mut(kv_width))
+                .zip(ps)
+            {
+                k::rope_angles(p, &rope.inv_freq, &mut sc);
+                k::rope_rotate(qr, hd, &sc, rope.layout);
+                k::rope_rotate(kr, hd, &sc, rope.layout);
             }
-        }
+        });
         let slot = |table: &[u32], p: usize| table[p / bs] as usize * bs + p % bs;
         let no_layer = || ModelError::Tensor {
             what: format!("attention: no cache for layer {layer}"),
