@@ -135,33 +135,10 @@ impl QActs {
         a.d.resize(n_tokens * nb, 0.0);
         a.s16.resize(n_tokens * 2 * nb, 0.0);
         a.s32.resize(n_tokens * nb, 0.0);
+        let simd = crate::quantdot::kernels().isa() >= crate::quantdot::Isa::Avx2
+            && crate::quantdot::Isa::Avx2.is_available();
         let quant = |t: usize, q: &mut [i8], d: &mut [f32], s16: &mut [f32], s32: &mut [f32]| {
-            let xr = &x[t * k..(t + 1) * k];
-            for b in 0..nb {
-                let blk = &xr[32 * b..32 * b + 32];
-                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let db = amax / 127.0;
-                let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-                let mut sums = [0i32; 2];
-                let dst: &mut [i8; 32] = (&mut q[32 * b..][..32]).try_into().expect("32");
-                for (h, (o, xs)) in dst
-                    .chunks_exact_mut(16)
-                    .zip(blk.chunks_exact(16))
-                    .enumerate()
-                {
-                    for (o, &v) in o.iter_mut().zip(xs) {
-                        // Round to nearest even by the 1.5 · 2^23 trick (|v · id| ≤ 127), so
-                        // the loop vectorizes without SSE4.1's roundps.
-                        let qi = ((v * id + 12_582_912.0) - 12_582_912.0) as i32;
-                        *o = qi as i8;
-                        sums[h] += qi;
-                    }
-                }
-                d[b] = db;
-                s16[2 * b] = db * sums[0] as f32;
-                s16[2 * b + 1] = db * sums[1] as f32;
-                s32[b] = db * (sums[0] + sums[1]) as f32;
-            }
+            act::quantize_row(simd, &x[t * k..(t + 1) * k], q, d, s16, s32);
         };
         let nt = pool.map_or(1, ThreadPool::n_threads);
         if let Some(p) = pool.filter(|_| nt > 1 && n_tokens >= 2 * nt) {
@@ -436,6 +413,7 @@ pub(super) unsafe fn micro_scalar(
     }
 }
 
+mod act;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod vnni;
 
