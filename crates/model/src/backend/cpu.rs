@@ -90,6 +90,8 @@ pub struct CpuBackend {
     /// File-layout weights take the prefill GEMM for prompts (`KernelSettings::file_layout_gemm`;
     /// off: every row through the dot products, the same bits at any row count).
     pub(super) file_layout_gemm: bool,
+    /// Q/K/V projections on two-level int8 activations (`KernelSettings::two_level_qkv`).
+    pub(super) two_level_qkv: bool,
     /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
     repacked: Mutex<(usize, usize, f64)>,
 }
@@ -163,6 +165,7 @@ impl CpuBackend {
             packed_path,
             repack,
             file_layout_gemm: settings.file_layout_gemm,
+            two_level_qkv: settings.two_level_qkv,
             repacked: Mutex::new((0, 0, 0.0)),
         }
     }

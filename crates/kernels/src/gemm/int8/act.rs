@@ -146,6 +146,19 @@ mod avx2 {
     }
 }
 
+impl super::QActs {
+    /// What the int8 rows miss of `x` (`[n_tokens, k]` f32, the input they were quantized
+    /// from): `x − d · q` per element, `[n_tokens, k]` f32. Quantized again, it gives a second
+    /// int8 term that brings a matmul close to f32 activations (two-level activations).
+    pub fn residual(&self, x: &[f32]) -> Vec<f32> {
+        x.iter()
+            .zip(&self.q)
+            .enumerate()
+            .map(|(i, (&v, &q))| v - f32::from(q) * self.d[i / 32])
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +201,29 @@ mod tests {
                 (q, bits(&d), bits(&s16), bits(&s32))
             };
             assert_eq!(run(true), run(false), "k {k}");
+        }
+    }
+
+    /// Two-level activations: the residual is `x − d·q` exactly, and the two int8 terms
+    /// reconstruct `x` to within half a step of the second scale.
+    #[test]
+    fn residual_reconstructs_the_input() {
+        let (n, k) = (3usize, 96usize);
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * [1.0, 40.0, 1e-2][i % 3])
+            .collect();
+        let a = super::super::QActs::new(&x, n, k, None).unwrap();
+        let r = a.residual(&x);
+        for (i, ((&v, &q), &rv)) in x.iter().zip(&a.q).zip(&r).enumerate() {
+            assert_eq!(rv, v - f32::from(q) * a.d[i / 32]);
+        }
+        let b = super::super::QActs::new(&r, n, k, None).unwrap();
+        for (i, &v) in x.iter().enumerate() {
+            let y = f32::from(a.q[i]) * a.d[i / 32] + f32::from(b.q[i]) * b.d[i / 32];
+            assert!(
+                (y - v).abs() <= 0.5 * b.d[i / 32] * 1.001 + 1e-6 * v.abs(),
+                "{i}: {y} vs {v}"
+            );
         }
     }
 }
