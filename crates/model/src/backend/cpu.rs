@@ -79,6 +79,8 @@ pub struct CpuBackend {
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
+    /// RoPE angle tables of the current pass's positions (`paged.rs`), newest last.
+    rope_tables: Mutex<Vec<paged::RopeTable>>,
     /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs (prompts
     /// on AMX tiles from the packed panels) the VNNI path for decode.
     packed_path: Option<gemm::int8::Int8Path>,
@@ -162,6 +164,7 @@ impl CpuBackend {
             attn_amx,
             prof: settings.profile.then(OpProfile::default),
             gemm_bufs: Mutex::new((None, None)),
+            rope_tables: Mutex::new(Vec::new()),
             packed_path,
             repack,
             file_layout_gemm: settings.file_layout_gemm,
