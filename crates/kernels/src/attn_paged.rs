@@ -44,12 +44,12 @@ pub struct PagedQuery<'a> {
 impl PagedShape {
     /// Slot offset (in halves) of position `p` of a sequence with `table`, KV head `kvh`.
     #[inline]
-    fn offset(&self, table: &[u32], p: usize, kvh: usize) -> usize {
+    pub(crate) fn offset(&self, table: &[u32], p: usize, kvh: usize) -> usize {
         let slot = table[p / self.block_size] as usize * self.block_size + p % self.block_size;
         (kvh * self.n_slots + slot) * self.head_dim
     }
 
-    fn check(
+    pub(crate) fn check(
         &self,
         queries: &[PagedQuery<'_>],
         q: &[f32],
@@ -103,7 +103,7 @@ impl PagedShape {
     }
 }
 
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: threads write disjoint (query, KV head) ranges through it.
 unsafe impl Sync for OutPtr {}
 
@@ -113,9 +113,26 @@ unsafe impl Sync for OutPtr {}
 /// * `k`, `v`: the pools, f16 bits `[n_head_kv, n_slots, head_dim]`
 /// * `out`: `[queries.len(), n_head, head_dim]` f32
 ///
-/// (query, KV head) units are spread over `pool`; each unit is computed by one thread in one
-/// order, so the result of a token does not depend on the others or on the thread count.
+/// With SIMD, runs of consecutive tokens of one sequence go through
+/// [`crate::attn_paged_tiled`] (each key and value row loaded once per tile, bit-identical to
+/// the per-token kernel); without, every token through the per-token scalar kernel.
 pub fn attn_paged_f16(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    crate::attn_paged_tiled::attn_paged_f16_tiled(queries, q, k, v, shape, out, pool)
+}
+
+/// The per-token kernel at the best ISA: the twin [`attn_paged_f16`]'s tiled path must equal
+/// bit for bit. (query, KV head) units are spread over `pool`; each unit is computed by one
+/// thread in one order, so the result of a token does not depend on the others or on the
+/// thread count.
+pub fn attn_paged_f16_per_token(
     queries: &[PagedQuery<'_>],
     q: &[f32],
     k: &[u16],
@@ -197,7 +214,7 @@ fn attn_paged_f16_with(
 /// The query heads `qg` (`[group, head_dim]`) of KV head `kvh` of one token; `out`:
 /// `[group, head_dim]`.
 #[allow(clippy::too_many_arguments)]
-fn kv_head(
+pub(crate) fn kv_head(
     simd: bool,
     qg: &[f32],
     k: &[u16],

@@ -6,6 +6,7 @@ pub mod attn_amx;
 pub mod attn_decode;
 pub mod attn_group;
 pub mod attn_paged;
+pub mod attn_paged_tiled;
 pub mod attn_prefill;
 pub mod cpu;
 pub mod cuda_probe;

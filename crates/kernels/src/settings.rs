@@ -37,6 +37,11 @@ pub struct KernelSettings {
     pub prefetch: Option<usize>,
     /// Per-op wall-time profile, printed when the backend is dropped. `DAMASCUS_PROFILE`.
     pub profile: bool,
+    /// On the repacked int8 path, the Q/K/V projections multiply two-level int8 activations
+    /// (the input's int8 rows plus its quantized residual: close to f32 activations, at twice
+    /// their int8 work).
+    /// `DAMASCUS_TWO_LEVEL`.
+    pub two_level_qkv: bool,
 }
 
 impl Default for KernelSettings {
@@ -52,6 +57,7 @@ impl Default for KernelSettings {
             amx_threads: None,
             prefetch: None,
             profile: false,
+            two_level_qkv: true,
         }
     }
 }
@@ -80,7 +86,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 10] = [
+    pub const VARS: [(&'static str, &'static str); 11] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -100,6 +106,10 @@ impl KernelSettings {
         ("DAMASCUS_AMX_THREADS", "threads taking AMX GEMM units"),
         ("DAMASCUS_PREFETCH", "prefetch distance in bytes (0: off)"),
         ("DAMASCUS_PROFILE", "1: per-op profile on stderr"),
+        (
+            "DAMASCUS_TWO_LEVEL",
+            "0: Q/K/V projections on one-level int8 activations",
+        ),
     ];
 
     /// The settings given by variables `get(name)` returns (the binary passes the process
@@ -142,6 +152,7 @@ impl KernelSettings {
             amx_threads: num("DAMASCUS_AMX_THREADS")?.filter(|&v| v > 0),
             prefetch: num("DAMASCUS_PREFETCH")?,
             profile: val("DAMASCUS_PROFILE").is_some_and(|v| v == "1"),
+            two_level_qkv: !off("DAMASCUS_TWO_LEVEL"),
         })
     }
 

@@ -5,12 +5,15 @@
 //! * reference backend: top-1 equal, every top-10 probability within 0.005, the greedy
 //!   continuation equal to HF's for 16 tokens, and every hidden state of one prompt at
 //!   cosine ≥ 0.9999;
-//! * CPU fast path: top-1 equal on every prompt, and over the eight prompts no further from HF
-//!   than llama.cpp is ([`LLAMA_CPP_DP`], measured on the same file): the mean and the largest
-//!   top-10 |Δp| at most llama.cpp's. Both engines quantize activations to int8, and this model
-//!   amplifies that noise on some prompts (" jumps" after "The quick brown fox": HF 0.416,
-//!   llama.cpp 0.288); per prompt, ours exceeds both 0.03 and llama.cpp's error on two of the
-//!   eight ("def fibonacci(n):" 0.036 vs 0.003, "The three primary colors are" 0.057 vs 0.043).
+//! * CPU fast path: top-1 equal on every prompt, every prompt's top-10 |Δp| within 0.03 or no
+//!   further from HF than llama.cpp is on it ([`LLAMA_CPP_DP`], measured on the same file), and
+//!   over the eight prompts the mean and the largest |Δp| at most llama.cpp's. Both engines
+//!   quantize activations to int8, and this model amplifies that noise on some prompts
+//!   (" jumps" after "The quick brown fox": HF 0.416, llama.cpp 0.288). With one-level int8
+//!   everywhere ours was 0.039 off on "def fibonacci(n):" (llama.cpp 0.003): f32 activations in
+//!   every matmul remove the whole gap, no single layer, matmul class or position carries it,
+//!   and two-level activations on the Q/K/V projections (`KernelSettings::two_level_qkv`, on by
+//!   default) bring every prompt within 0.024 on this AVX-512 VNNI machine.
 //! * CUDA backend (`--features cuda`, on the GPU machine): top-1 equal, each prompt's Δp within
 //!   0.03 or no further than llama.cpp's, and HF's 16 greedy tokens.
 //!
@@ -185,6 +188,13 @@ fn fast_path_matches_hf_on_every_prompt() {
     // scalar ISA multiplies the file layout instead, and only the top-1 is checked there.
     if !m.load_note().unwrap_or_default().contains("repacked") {
         return;
+    }
+    for ((case, &d), &l) in cases().iter().zip(&ours).zip(&theirs) {
+        assert!(
+            d <= 0.03 || d <= l,
+            "{:?}: top-10 Δp {d:.4} (llama.cpp {l:.4})",
+            case.prompt
+        );
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);

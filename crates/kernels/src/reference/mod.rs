@@ -26,7 +26,10 @@ mod tests;
 pub use attention::{AttnShape, attention, attention_window};
 pub use matmul::{WeightView, embed_rows, matmul};
 pub use ops::{add, add_bias, geglu, gelu_tanh, rms_norm, silu, softcap, softmax, swiglu};
-pub use rope::{RopeLayout, RopeScalingLlama3, llama3_freq_factors, rope, rope_inv_freq};
+pub use rope::{
+    RopeLayout, RopeScalingLlama3, llama3_freq_factors, rope, rope_angles, rope_inv_freq,
+    rope_rotate,
+};
 
 /// Errors of the reference kernels: problems with the weight data, never with shapes.
 #[derive(Debug, thiserror::Error)]

@@ -101,22 +101,35 @@ pub fn rope(
     // [half] (sin, cos) of the current token, shared by its heads.
     let mut sc = vec![(0f32, 0f32); half];
     for (t, row) in x.chunks_exact_mut(width).enumerate() {
-        let pos = (pos0 + t) as f64;
-        for (v, &f) in sc.iter_mut().zip(inv_freq) {
-            // Angle in f64 so large positions keep their precision.
-            let theta = pos * f64::from(f);
-            *v = (theta.sin() as f32, theta.cos() as f32);
-        }
-        for head in row.chunks_exact_mut(head_dim) {
-            for (i, &(sin, cos)) in sc.iter().enumerate() {
-                let (a, b) = match layout {
-                    RopeLayout::Normal => (2 * i, 2 * i + 1),
-                    RopeLayout::Neox => (i, i + half),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
-            }
+        rope_angles(pos0 + t, inv_freq, &mut sc);
+        rope_rotate(row, head_dim, &sc, layout);
+    }
+}
+
+/// The `(sin, cos)` of every rotary pair at position `pos`, `sc`: `[inv_freq.len()]`: what
+/// [`rope`] computes once per token (a caller rotating Q and K of one token shares them).
+pub fn rope_angles(pos: usize, inv_freq: &[f32], sc: &mut [(f32, f32)]) {
+    let pos = pos as f64;
+    for (v, &f) in sc.iter_mut().zip(inv_freq) {
+        // Angle in f64 so large positions keep their precision.
+        let theta = pos * f64::from(f);
+        *v = (theta.sin() as f32, theta.cos() as f32);
+    }
+}
+
+/// Rotates every head of one token (`row`: `[n_head, head_dim]` f32) by the angles `sc`
+/// (`[n_rot / 2]`, from [`rope_angles`]), exactly as [`rope`] does.
+pub fn rope_rotate(row: &mut [f32], head_dim: usize, sc: &[(f32, f32)], layout: RopeLayout) {
+    let half = sc.len();
+    for head in row.chunks_exact_mut(head_dim) {
+        for (i, &(sin, cos)) in sc.iter().enumerate() {
+            let (a, b) = match layout {
+                RopeLayout::Normal => (2 * i, 2 * i + 1),
+                RopeLayout::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
         }
     }
 }

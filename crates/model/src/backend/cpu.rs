@@ -84,6 +84,8 @@ pub struct CpuBackend {
     prof: Option<OpProfile>,
     /// The prefill GEMM's packed inputs, reused by every prompt matmul.
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
+    /// RoPE angle tables of the current pass's positions (`paged.rs`), newest last.
+    rope_tables: Mutex<Vec<paged::RopeTable>>,
     /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs (prompts
     /// on AMX tiles from the packed panels) the VNNI path for decode.
     packed_path: Option<gemm::int8::Int8Path>,
@@ -95,6 +97,8 @@ pub struct CpuBackend {
     /// File-layout weights take the prefill GEMM for prompts (`KernelSettings::file_layout_gemm`;
     /// off: every row through the dot products, the same bits at any row count).
     pub(super) file_layout_gemm: bool,
+    /// Q/K/V projections on two-level int8 activations (`KernelSettings::two_level_qkv`).
+    pub(super) two_level_qkv: bool,
     /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
     repacked: Mutex<(usize, usize, f64)>,
 }
@@ -165,9 +169,11 @@ impl CpuBackend {
             attn_amx,
             prof: settings.profile.then(OpProfile::default),
             gemm_bufs: Mutex::new((None, None)),
+            rope_tables: Mutex::new(Vec::new()),
             packed_path,
             repack,
             file_layout_gemm: settings.file_layout_gemm,
+            two_level_qkv: settings.two_level_qkv,
             repacked: Mutex::new((0, 0, 0.0)),
         }
     }
@@ -699,7 +705,20 @@ impl Backend for CpuBackend {
     ) -> Result<(), ModelError> {
         self.timed(
             || "qk_norm".into(),
-            || host_ops::rms_norm_heads(x, w, eps, head_dim),
+            || {
+                check_len("rms_norm_heads", "weight", w.len(), head_dim)?;
+                if head_dim == 0 || !x.width.is_multiple_of(head_dim) {
+                    // The reference reports the shape error.
+                    return host_ops::rms_norm_heads(x, w, eps, head_dim);
+                }
+                // Every head of every row on its own: rows in chunks over the pool, each
+                // through the reference kernel (the same bits as one serial call).
+                self.par_rows(&mut x.data, x.width, &|_, chunk| {
+                    let input = chunk.to_vec(); // [rows, width] f32
+                    k::rms_norm(&input, w, eps, chunk);
+                });
+                Ok(())
+            },
         )
     }
 

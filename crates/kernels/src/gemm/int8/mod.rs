@@ -135,18 +135,10 @@ impl QActs {
         a.d.resize(n_tokens * nb, 0.0);
         a.s16.resize(n_tokens * 2 * nb, 0.0);
         a.s32.resize(n_tokens * nb, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        let simd = crate::quantdot::kernels().isa() >= crate::quantdot::Isa::Avx512
-            && crate::quantdot::Isa::Avx512.is_available();
+        let simd = crate::quantdot::kernels().isa() >= crate::quantdot::Isa::Avx2
+            && crate::quantdot::Isa::Avx2.is_available();
         let quant = |t: usize, q: &mut [i8], d: &mut [f32], s16: &mut [f32], s32: &mut [f32]| {
-            let xr = &x[t * k..(t + 1) * k];
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX-512F/BW are available (checked above); the slices are one
-                // token's `k` values, `k / 32` scales and sums.
-                return unsafe { vnni::quantize_row(xr, q, d, s16, s32) };
-            }
-            quantize_row(xr, q, d, s16, s32);
+            act::quantize_row(simd, &x[t * k..(t + 1) * k], q, d, s16, s32);
         };
         let nt = pool.map_or(1, ThreadPool::n_threads);
         // A few decode rows: less work than a fork/join.
@@ -422,48 +414,12 @@ pub(super) unsafe fn micro_scalar(
     }
 }
 
+mod act;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod vnni;
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2;
-
-/// One token's activations (`xr`, `k` values) into int8 blocks of 32: `d` the block scales
-/// (`amax / 127`), `q` the values rounded to nearest even, `s16`/`s32` `d · Σ q` over each
-/// 16 / 32 values. The scalar twin of `vnni::quantize_row` (bit for bit).
-pub(super) fn quantize_row(
-    xr: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s16: &mut [f32],
-    s32: &mut [f32],
-) {
-    for b in 0..xr.len() / 32 {
-        let blk = &xr[32 * b..32 * b + 32];
-        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let db = amax / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-        let mut sums = [0i32; 2];
-        let dst: &mut [i8; 32] = (&mut q[32 * b..][..32]).try_into().expect("32");
-        for (h, (o, xs)) in dst
-            .chunks_exact_mut(16)
-            .zip(blk.chunks_exact(16))
-            .enumerate()
-        {
-            for (o, &v) in o.iter_mut().zip(xs) {
-                // Round to nearest even by the 1.5 · 2^23 trick (|v · id| ≤ 127), so
-                // the loop vectorizes without SSE4.1's roundps.
-                let qi = ((v * id + 12_582_912.0) - 12_582_912.0) as i32;
-                *o = qi as i8;
-                sums[h] += qi;
-            }
-        }
-        d[b] = db;
-        s16[2 * b] = db * sums[0] as f32;
-        s16[2 * b + 1] = db * sums[1] as f32;
-        s32[b] = db * (sums[0] + sums[1]) as f32;
-    }
-}
 
 /// Which int8 micro-kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,8 +5,10 @@
 //! [`damascus_kernels::attn_paged`], whatever the number of tokens: a token's result never
 //! depends on the batch around it or on how its prefix was computed.
 
+use std::sync::Arc;
+
 use damascus_kernels::attn_group::attn_paged_f16_grouped;
-use damascus_kernels::attn_paged::{PagedQuery, PagedShape};
+use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
 use damascus_kernels::reference as k;
 
 use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
@@ -14,7 +16,52 @@ use crate::backend::reference::{HostAct, check_len};
 use crate::backend::{AttnSpec, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
 
+/// RoPE angle tables kept between the layers of a forward pass (Gemma 3 alternates two bases).
+const ROPE_TABLES: usize = 2;
+
+/// The `(sin, cos)` of every rotary pair of a pass's positions for one set of frequencies.
+#[derive(Debug)]
+pub(super) struct RopeTable {
+    inv_freq: Vec<f32>,
+    pos: Vec<usize>,
+    /// `[pos.len(), inv_freq.len()]` from [`k::rope_angles`].
+    sc: Arc<Vec<(f32, f32)>>,
+}
+
 impl CpuBackend {
+    /// The angle table of `pos` for `inv_freq`, from the cache when an earlier layer of the
+    /// pass computed it (the same values [`k::rope_angles`] gives), else computed over the pool.
+    fn rope_angles(&self, pos: &[usize], inv_freq: &[f32]) -> Arc<Vec<(f32, f32)>> {
+        let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = tables
+            .iter()
+            .find(|t| t.inv_freq == inv_freq && t.pos == pos)
+        {
+            return Arc::clone(&t.sc);
+        }
+        let half = inv_freq.len();
+        let mut sc = vec![(0f32, 0f32); pos.len() * half]; // [n_tokens, half]
+        if half > 0 {
+            const ROWS: usize = 16;
+            self.pool
+                .for_each_chunk_mut(&mut sc, ROWS * half, &|c, chunk| {
+                    for (i, row) in chunk.chunks_exact_mut(half).enumerate() {
+                        k::rope_angles(pos[c * ROWS + i], inv_freq, row);
+                    }
+                });
+        }
+        let sc = Arc::new(sc);
+        if tables.len() == ROPE_TABLES {
+            tables.remove(0);
+        }
+        tables.push(RopeTable {
+            inv_freq: inv_freq.to_vec(),
+            pos: pos.to_vec(),
+            sc: Arc::clone(&sc),
+        });
+        sc
+    }
+
     /// See [`crate::backend::Backend::attention_batch`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn paged_attention(
@@ -44,7 +91,11 @@ impl CpuBackend {
         check_len("attention", "k", kk.data.len(), n_tokens * kv_width)?;
         check_len("attention", "v", v.data.len(), n_tokens * kv_width)?;
         check_len("attention", "out", out.data.len(), q.data.len())?;
-        if shape.n_head_kv != n_head_kv || shape.head_dim != hd || bs == 0 {
+        if shape.n_head_kv != n_head_kv
+            || shape.head_dim != hd
+            || bs == 0
+            || 2 * rope.inv_freq.len() > hd
+        {
             return Err(ModelError::Tensor {
                 what: format!("attention: shape {shape:?} does not match the cache"),
             });
@@ -74,28 +125,32 @@ impl CpuBackend {
                 what: format!("attention: sequences cover {covered} of {n_tokens} rows"),
             });
         }
-        // Rotate every sequence's rows at its own positions.
-        for s in batch.seqs {
-            for (t, row) in s.rows.clone().enumerate() {
-                let p = s.pos0 + t;
-                k::rope(
-                    &mut q.data[row * q_width..][..q_width],
-                    shape.n_head,
-                    hd,
-                    p,
-                    &rope.inv_freq,
-                    rope.layout,
-                );
-                k::rope(
-                    &mut kk.data[row * kv_width..][..kv_width],
-                    n_head_kv,
-                    hd,
-                    p,
-                    &rope.inv_freq,
-                    rope.layout,
-                );
+        // Rotate every sequence's rows at its own positions: one (sin, cos) table per token
+        // shared by its Q and K heads, tokens in chunks over the pool.
+        let pos: Vec<usize> = batch // [n_tokens] position of each row
+            .seqs
+            .iter()
+            .flat_map(|s| s.pos0..s.pos0 + s.rows.len())
+            .collect();
+        let angles = self.rope_angles(&pos, &rope.inv_freq); // [n_tokens, n_rot / 2]
+        let half = rope.inv_freq.len();
+        const ROPE_ROWS: usize = 16;
+        let tasks: Vec<_> = q
+            .data
+            .chunks_mut(ROPE_ROWS * q_width)
+            .zip(kk.data.chunks_mut(ROPE_ROWS * kv_width))
+            .zip(angles.chunks(ROPE_ROWS * half.max(1)))
+            .collect();
+        self.pool.for_each_task(tasks, &|_, ((qc, kc), sc)| {
+            for ((qr, kr), sc) in qc
+                .chunks_exact_mut(q_width)
+                .zip(kc.chunks_exact_mut(kv_width))
+                .zip(sc.chunks_exact(half.max(1)))
+            {
+                k::rope_rotate(qr, hd, &sc[..half], rope.layout);
+                k::rope_rotate(kr, hd, &sc[..half], rope.layout);
             }
-        }
+        });
         let slot = |table: &[u32], p: usize| table[p / bs] as usize * bs + p % bs;
         let no_layer = || ModelError::Tensor {
             what: format!("attention: no cache for layer {layer}"),
@@ -143,8 +198,16 @@ impl CpuBackend {
                     n_slots,
                     block_size: bs,
                 };
-                // `attn_paged_f16`'s results, bit for bit, a GQA group at a time.
-                attn_paged_f16_grouped(
+                // Decode rows (one per sequence) a GQA group at a time; prompt chunks in tiles
+                // of consecutive tokens sharing each K/V row. Both give `attn_paged_f16`'s
+                // per-token results bit for bit, so the route never changes a logit.
+                let decode_only = batch.seqs.iter().all(|s| s.rows.len() == 1);
+                let attend = if decode_only {
+                    attn_paged_f16_grouped
+                } else {
+                    attn_paged_f16
+                };
+                attend(
                     &queries,
                     &q.data,
                     kc,

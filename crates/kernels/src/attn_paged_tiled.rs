@@ -1,0 +1,157 @@
+//! Tiled attention over the paged KV cache: a run of consecutive query tokens of one sequence
+//! (a prompt chunk) against that sequence's keys and values, all query heads of a KV head
+//! together, so each key and value row is loaded once per tile instead of once per token.
+//!
+//! Each token's arithmetic is exactly the per-token kernel's ([`crate::attn_paged`]): every
+//! score is the same dot product (the same two 8-lane accumulators over the same 16-element
+//! steps, the same horizontal sum, then the scalar tail), every softmax row is the same
+//! function over the token's own visible positions, and every output element accumulates
+//! `w·v` over those positions in ascending order from zero with the same fused multiply-add.
+//! Only the loop order across tokens, heads and positions changes, so the result is bit for
+//! bit the per-token kernel's: a token's attention still does not depend on how its prompt
+//! was chunked or batched. Without SIMD every token goes through the per-token scalar kernel
+//! (the twin).
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(test)]
+mod tests;
+
+use crate::attn_paged::{OutPtr, PagedQuery, PagedShape, kv_head};
+use crate::pool::ThreadPool;
+use crate::quantdot::{Isa, KernelError, kernels};
+
+/// Most tokens in one tile.
+const MAX_TILE: usize = 16;
+/// Target size of a tile's score buffer (`[tokens · group, positions]` f32), bytes.
+const SCORE_BYTES: usize = 256 << 10;
+
+/// A tile: queries `start..end` (one sequence, one table), visible positions `lo..hi` (the
+/// union of the tokens' ranges).
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    start: usize,
+    end: usize,
+    lo: usize,
+    hi: usize,
+}
+
+/// Attention of every query token over its own sequence's blocks, tiled: same arguments and
+/// result as [`crate::attn_paged::attn_paged_f16_per_token`] (bit for bit).
+///
+/// * `queries`: one per token, `q` `[queries.len(), n_head, head_dim]` f32 (rotated)
+/// * `k`, `v`: the pools, f16 bits `[n_head_kv, n_slots, head_dim]`
+/// * `out`: `[queries.len(), n_head, head_dim]` f32
+pub fn attn_paged_f16_tiled(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    shape.check(queries, q, k, v, out)?;
+    #[cfg(target_arch = "x86_64")]
+    let simd = kernels().isa() >= Isa::Avx2 && Isa::Avx2.is_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = {
+        let _ = kernels();
+        false
+    };
+    let group = shape.n_head / shape.n_head_kv;
+    let tiles = tiles(queries, group);
+    let n_units = tiles.len() * shape.n_head_kv;
+    let dst = OutPtr(out.as_mut_ptr());
+    let unit = |u: usize| {
+        // Heaviest tiles (latest positions) first: `u` counts from the end.
+        let u = n_units - 1 - u;
+        let (tile, kvh) = (tiles[u / shape.n_head_kv], u % shape.n_head_kv);
+        let dst = &dst;
+        tile_kv_head(simd, &tile, queries, q, k, v, shape, kvh, dst);
+    };
+    match pool.filter(|p| p.n_threads() > 1 && n_units > 1) {
+        Some(pool) => pool.run_chunks(n_units, &unit),
+        None => (0..n_units).for_each(unit),
+    }
+    Ok(())
+}
+
+/// Cuts `queries` into tiles of consecutive tokens sharing a block table and a scale.
+fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
+    let mut tiles: Vec<Tile> = Vec::new();
+    for (i, pq) in queries.iter().enumerate() {
+        if let Some(t) = tiles.last_mut() {
+            let first = &queries[t.start];
+            let (lo, hi) = (t.lo.min(pq.lo), t.hi.max(pq.hi));
+            let same = std::ptr::eq(first.table, pq.table) && first.scale == pq.scale;
+            let n = i + 1 - t.start;
+            if same && n <= MAX_TILE && n * group * (hi - lo) * 4 <= SCORE_BYTES {
+                *t = Tile {
+                    end: i + 1,
+                    lo,
+                    hi,
+                    ..*t
+                };
+                continue;
+            }
+        }
+        tiles.push(Tile {
+            start: i,
+            end: i + 1,
+            lo: pq.lo,
+            hi: pq.hi,
+        });
+    }
+    tiles
+}
+
+/// One tile against KV head `kvh`: writes rows `kvh·group..(kvh+1)·group` of its tokens in
+/// the output behind `dst` (`[queries.len(), n_head, head_dim]`).
+#[allow(clippy::too_many_arguments)]
+fn tile_kv_head(
+    simd: bool,
+    tile: &Tile,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    kvh: usize,
+    dst: &OutPtr,
+) {
+    let group = shape.n_head / shape.n_head_kv;
+    let span = group * shape.head_dim;
+    let width = shape.n_head * shape.head_dim;
+    // SAFETY: this unit owns out[t*width + kvh*span ..][..span] for the tile's tokens t
+    // (the tiles partition the queries, KV heads partition a token's row); in bounds because
+    // `check` verified out.len() = queries.len() * width; `out` outlives the call.
+    let out_row = |t: usize| unsafe {
+        std::slice::from_raw_parts_mut(dst.0.add(t * width + kvh * span), span)
+    };
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        let qs = &queries[tile.start..tile.end];
+        let qrows = &q[tile.start * width..tile.end * width];
+        let mut outs: Vec<&mut [f32]> = (tile.start..tile.end).map(out_row).collect();
+        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
+        unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, &mut outs) };
+        return;
+    }
+    let _ = simd;
+    let mut scores = Vec::new();
+    for t in tile.start..tile.end {
+        let qg = &q[t * width + kvh * span..][..span];
+        kv_head(
+            false,
+            qg,
+            k,
+            v,
+            shape,
+            &queries[t],
+            kvh,
+            out_row(t),
+            &mut scores,
+        );
+    }
+}

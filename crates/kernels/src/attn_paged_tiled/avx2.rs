@@ -1,0 +1,237 @@
+//! AVX2 + FMA + F16C body of [`super::attn_paged_f16_tiled`]: score micro-kernel (up to 4
+//! query heads × 1 key, the per-token `dot_f16`'s two accumulators each), value micro-kernel
+//! (up to 2 heads × 32 columns held in registers over all of a token's positions).
+
+use core::arch::x86_64::*;
+
+use crate::attn_decode::softmax;
+use crate::attn_paged::{PagedQuery, PagedShape};
+use crate::quantdot::f16_to_f32;
+
+/// Keys per score block: the block's K rows stay in L1 while every token of the tile meets
+/// them.
+const KEY_BLOCK: usize = 16;
+
+/// Horizontal sum in the per-token kernel's order (`attn_decode::x86::hsum`: halves, then
+/// pairs 0+2 / 1+3, then those two).
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only AVX ops in an AVX-enabled caller.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// `NR` dot products of query rows `q + r·hd` (f32, `hd` each) with the f16 key row `k`,
+/// each computed exactly as `attn_decode::x86::dot_f16`.
+///
+/// # Safety
+/// AVX2+FMA+F16C; `q` valid for `NR·hd` floats, `k` for `hd` halves.
+#[inline(always)]
+unsafe fn dots<const NR: usize>(q: *const f32, hd: usize, k: *const u16) -> [f32; NR] {
+    let n8 = hd / 8 * 8;
+    // SAFETY: every 8-wide access is at i..i+8 ≤ n8 ≤ hd within a row; the caller guarantees
+    // the rows and the key row.
+    unsafe {
+        let mut a0 = [_mm256_setzero_ps(); NR];
+        let mut a1 = [_mm256_setzero_ps(); NR];
+        let mut i = 0;
+        while i + 16 <= n8 {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
+            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i + 8) as *const __m128i));
+            for r in 0..NR {
+                let qr = q.add(r * hd + i);
+                a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr), k0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr.add(8)), k1, a1[r]);
+            }
+            i += 16;
+        }
+        if i < n8 {
+            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.add(i) as *const __m128i));
+            for (r, a) in a0.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(r * hd + i)), k0, *a);
+            }
+        }
+        let mut s = [0f32; NR];
+        for r in 0..NR {
+            let mut x = hsum(_mm256_add_ps(a0[r], a1[r]));
+            for j in n8..hd {
+                x += *q.add(r * hd + j) * f16_to_f32(*k.add(j));
+            }
+            s[r] = x;
+        }
+        s
+    }
+}
+
+/// `out_r[c..c + 8·NC] = Σ_p w_r[p] · v_p[c..]` for `NR` rows, positions in `slots` order,
+/// from zero with one FMA per position (as `attn_decode::x86::axpy_f16` after `fill(0.0)`).
+///
+/// * `w`: row `r`'s weights at `w + r·w_stride`, one per entry of `slots`
+/// * `slots`: offsets (halves) of the value rows in `v`
+/// * `out`: row `r` at `out + r·hd`
+///
+/// # Safety
+/// AVX2+FMA+F16C; every pointer valid for what it is read or written at.
+#[inline(always)]
+unsafe fn weighted_values<const NR: usize, const NC: usize>(
+    w: *const f32,
+    w_stride: usize,
+    slots: &[usize],
+    v: *const u16,
+    c: usize,
+    out: *mut f32,
+    hd: usize,
+) {
+    // SAFETY: the caller guarantees the rows, the value rows (offset + c + 8·NC ≤ offset + hd)
+    // and the output rows.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NC]; NR];
+        for (i, &off) in slots.iter().enumerate() {
+            let vp = v.add(off + c);
+            let mut vv = [_mm256_setzero_ps(); NC];
+            for (j, x) in vv.iter_mut().enumerate() {
+                *x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(8 * j) as *const __m128i));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let wr = _mm256_set1_ps(*w.add(r * w_stride + i));
+                for (x, &y) in a.iter_mut().zip(&vv) {
+                    *x = _mm256_fmadd_ps(wr, y, *x);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (j, &x) in a.iter().enumerate() {
+                _mm256_storeu_ps(out.add(r * hd + c + 8 * j), x);
+            }
+        }
+    }
+}
+
+/// One tile (tokens `qs`, positions `lo..hi` covering theirs) against KV head `kvh`.
+///
+/// * `q`: the tokens' query rows `[qs.len(), n_head, head_dim]` f32
+/// * `outs[t]`: token `t`'s output heads of `kvh`, `[group, head_dim]` f32
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `shape.check` passed for these queries.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tile(
+    qs: &[PagedQuery<'_>],
+    lo: usize,
+    hi: usize,
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    kvh: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let (width, span) = (shape.n_head * hd, group * hd);
+    let n = hi - lo;
+    let table = qs[0].table;
+    // Offsets (halves) of positions lo..hi in the pools, KV head kvh.
+    let slots: Vec<usize> = (lo..hi).map(|p| shape.offset(table, p, kvh)).collect();
+    let mut scores = vec![0f32; qs.len() * group * n]; // [tokens, group, n]
+    // Q·Kᵀ: key blocks outer, so a block's rows serve every token of the tile from L1.
+    for kb in (0..n).step_by(KEY_BLOCK) {
+        let ke = (kb + KEY_BLOCK).min(n);
+        for (t, pq) in qs.iter().enumerate() {
+            let (a, b) = (kb.max(pq.lo - lo), ke.min(pq.hi - lo));
+            let qg = &q[t * width + kvh * span..][..span];
+            let mut g = 0;
+            while g < group {
+                let nr = (group - g).min(4);
+                let qp = qg[g * hd..].as_ptr();
+                let row = |i: usize| (t * group + g + i) * n;
+                for p in a..b {
+                    // SAFETY: rows g..g+nr of qg (nr·hd floats) and the key row at slots[p]
+                    // (in the pool: `check` bounded every table entry) are in bounds.
+                    let kp = unsafe { k.as_ptr().add(slots[p]) };
+                    let s: [f32; 4] = unsafe {
+                        match nr {
+                            4 => dots::<4>(qp, hd, kp),
+                            3 => pad(dots::<3>(qp, hd, kp)),
+                            2 => pad(dots::<2>(qp, hd, kp)),
+                            _ => pad(dots::<1>(qp, hd, kp)),
+                        }
+                    };
+                    for (i, &x) in s[..nr].iter().enumerate() {
+                        scores[row(i) + p] = x * pq.scale;
+                    }
+                }
+                g += nr;
+            }
+        }
+    }
+    for (t, pq) in qs.iter().enumerate() {
+        for g in 0..group {
+            softmax(
+                true,
+                &mut scores[(t * group + g) * n..][pq.lo - lo..pq.hi - lo],
+            );
+        }
+    }
+    // P·V: 32-column strips outer (a strip of every value row stays in L1 across tokens).
+    let n8 = hd / 8 * 8;
+    let mut c = 0;
+    while c < n8 {
+        let nc = ((n8 - c) / 8).min(4);
+        for (t, pq) in qs.iter().enumerate() {
+            let (a, b) = (pq.lo - lo, pq.hi - lo);
+            let mut g = 0;
+            while g < group {
+                let nr = (group - g).min(2);
+                let w = scores[(t * group + g) * n + a..].as_ptr();
+                let o = outs[t][g * hd..].as_mut_ptr();
+                let sl = &slots[a..b];
+                let vp = v.as_ptr();
+                // SAFETY: weights rows g..g+nr of token t span n each (a..b within); value
+                // rows at `slots` hold hd ≥ c + 8·nc halves; output rows g..g+nr of outs[t].
+                unsafe {
+                    match (nr, nc) {
+                        (2, 4) => weighted_values::<2, 4>(w, n, sl, vp, c, o, hd),
+                        (2, 3) => weighted_values::<2, 3>(w, n, sl, vp, c, o, hd),
+                        (2, 2) => weighted_values::<2, 2>(w, n, sl, vp, c, o, hd),
+                        (2, _) => weighted_values::<2, 1>(w, n, sl, vp, c, o, hd),
+                        (_, 4) => weighted_values::<1, 4>(w, n, sl, vp, c, o, hd),
+                        (_, 3) => weighted_values::<1, 3>(w, n, sl, vp, c, o, hd),
+                        (_, 2) => weighted_values::<1, 2>(w, n, sl, vp, c, o, hd),
+                        (_, _) => weighted_values::<1, 1>(w, n, sl, vp, c, o, hd),
+                    }
+                }
+                g += nr;
+            }
+        }
+        c += nc * 8;
+    }
+    if n8 < hd {
+        // Tail columns: the per-token kernel's scalar `out[j] += s * v[j]`, positions ascending.
+        for (t, pq) in qs.iter().enumerate() {
+            for g in 0..group {
+                let o = &mut outs[t][g * hd..(g + 1) * hd];
+                o[n8..].fill(0.0);
+                let w = &scores[(t * group + g) * n..];
+                for p in pq.lo - lo..pq.hi - lo {
+                    let vr = &v[slots[p]..][..hd];
+                    for j in n8..hd {
+                        o[j] += w[p] * f16_to_f32(vr[j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Widens a short score array to 4 (the unused lanes are never read).
+#[inline(always)]
+fn pad<const N: usize>(s: [f32; N]) -> [f32; 4] {
+    let mut o = [0f32; 4];
+    o[..N].copy_from_slice(&s);
+    o
+}
