@@ -33,7 +33,7 @@ pub fn attn_paged_f16_grouped(
 ) -> Result<(), KernelError> {
     #[cfg(target_arch = "x86_64")]
     if fast_path(shape) {
-        check(&shape, queries, q, k, v, out)?;
+        shape.check(queries, q, k, v, out)?;
         run(queries, q, k, v, shape, out, pool);
         return Ok(());
     }
@@ -46,58 +46,6 @@ pub fn fast_path(shape: PagedShape) -> bool {
         && shape.head_dim.is_multiple_of(64)
         && kernels().isa() >= Isa::Avx512
         && Isa::Avx512.is_available()
-}
-
-/// The shape checks of [`attn_paged_f16`] (the same errors for the same inputs).
-fn check(
-    sh: &PagedShape,
-    queries: &[PagedQuery<'_>],
-    q: &[f32],
-    k: &[u16],
-    v: &[u16],
-    out: &[f32],
-) -> Result<(), KernelError> {
-    let bad = |m: String| Err(KernelError::BadShape(m));
-    if sh.n_head_kv == 0
-        || sh.head_dim == 0
-        || sh.block_size == 0
-        || !sh.n_head.is_multiple_of(sh.n_head_kv)
-    {
-        return bad(format!("bad paged shape {sh:?}"));
-    }
-    let width = sh.n_head * sh.head_dim;
-    if q.len() != queries.len() * width || out.len() != q.len() {
-        return bad(format!(
-            "q/out hold {}/{} floats, expected {} queries of {width}",
-            q.len(),
-            out.len(),
-            queries.len()
-        ));
-    }
-    let need = sh.n_slots.saturating_mul(sh.n_head_kv * sh.head_dim);
-    if k.len() < need || v.len() < need {
-        return bad(format!(
-            "k/v pools hold {}/{} halves, need {need}",
-            k.len(),
-            v.len()
-        ));
-    }
-    let n_blocks = sh.n_slots / sh.block_size;
-    for (i, pq) in queries.iter().enumerate() {
-        if pq.lo >= pq.hi || pq.hi.div_ceil(sh.block_size) > pq.table.len() {
-            return bad(format!(
-                "query {i}: positions {}..{} with {} blocks of {}",
-                pq.lo,
-                pq.hi,
-                pq.table.len(),
-                sh.block_size
-            ));
-        }
-        if let Some(&b) = pq.table.iter().find(|&&b| b as usize >= n_blocks) {
-            return bad(format!("query {i}: block {b} of a pool of {n_blocks}"));
-        }
-    }
-    Ok(())
 }
 
 /// (query, KV head) units over `pool`, each computed by one thread in one order.

@@ -13,6 +13,8 @@
 //! Prompt 1 of each family is longer than Phi-3's and Gemma 3's sliding windows (16 and 8), so
 //! the windowed layers are exercised in prefill and in decode.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -224,13 +226,7 @@ fn requantized_q8_0_fast_path_tracks_the_reference() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_matches_hf() {
-    use damascus_model::ModelError;
-    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    if let Err(ModelError::Cuda(damascus_cuda::CudaError::NoDevice(why))) =
-        damascus_model::backend::cuda::CudaBackend::new(0)
-    {
-        assert!(!required, "no CUDA device: {why}");
-        eprintln!("SKIPPED: no CUDA device ({why})");
+    if !common::cuda_device() {
         return;
     }
     for family in FAMILIES {

@@ -38,3 +38,19 @@ pub fn tiny(mix: Mix, label: &str) -> Arc<GgufFile> {
     }
     Arc::new(GgufFile::open(&path).expect("opening the synthetic model"))
 }
+
+/// Whether a CUDA device is present. Without one this says SKIPPED and returns false, unless
+/// `DAMASCUS_REQUIRE_CUDA=1` (the GPU machine), where it fails.
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> bool {
+    use damascus_model::ModelError;
+    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    match damascus_model::backend::cuda::CudaBackend::new(0) {
+        Err(ModelError::Cuda(damascus_cuda::CudaError::NoDevice(why))) => {
+            assert!(!required, "no CUDA device: {why}");
+            eprintln!("SKIPPED: no CUDA device ({why})");
+            false
+        }
+        _ => true,
+    }
+}
