@@ -40,6 +40,8 @@ fn bad_model_flags_are_refused_clearly() {
     let m = m.to_str().unwrap();
     let e = refused(&["-m", m, "-m", m, "--max-loaded", "0"]);
     assert!(e.contains("--max-loaded must be at least 1"), "{e}");
+    let e = refused(&["--prefill-chunk", "0"]);
+    assert!(e.contains("prefill_chunk: must be at least 1"), "{e}");
     let e = refused(&["--max-memory-mb", "0"]);
     assert!(e.contains("--max-memory-mb must be at least 1"), "{e}");
     let e = refused(&["--models-dir", "/nonexistent/damascus-models"]);

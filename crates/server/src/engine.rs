@@ -58,6 +58,11 @@ pub struct EngineConfig {
     /// Most tokens per forward pass (`-b`): every decoding sequence's token, then prompt
     /// chunks.
     pub batch_tokens: usize,
+    /// Most prompt tokens of one pass while other sequences are decoding (`--prefill-chunk`;
+    /// at least 1): smaller chunks bound the decoding streams' inter-token latency while a long
+    /// prompt arrives, at the cost of that prompt's time to first token. Set to
+    /// `batch_tokens` it changes nothing.
+    pub prefill_chunk: usize,
     /// Most requests waiting (more get 503).
     pub queue_size: usize,
     /// One log line per request on stderr.
@@ -469,6 +474,10 @@ impl Engine {
                     *c = 1;
                     budget -= 1;
                 }
+            }
+            // While streams decode, prompts get at most `prefill_chunk` tokens of the pass.
+            if chunks.contains(&1) {
+                budget = budget.min(self.cfg.prefill_chunk.max(1));
             }
             for (c, s) in chunks.iter_mut().zip(&running) {
                 let left = s.all.len() - s.n_past;

@@ -82,6 +82,9 @@ pub struct ServerConfig {
     /// Most tokens in one batched forward pass (`-b`): the decoding sequences' tokens, then
     /// prompt chunks, so a long prompt is prefilled in pieces between decode steps.
     pub batch_size: usize,
+    /// Most prompt tokens in one pass while other sequences are decoding (`--prefill-chunk`);
+    /// `None` = `batch_size`.
+    pub prefill_chunk: Option<usize>,
     /// Most requests waiting for a slot; more get HTTP 503.
     pub queue_size: usize,
     /// Largest accepted request body, bytes; larger gets HTTP 413.
@@ -111,6 +114,7 @@ impl Default for ServerConfig {
             parallel: 2,
             n_ctx: None,
             batch_size: 512,
+            prefill_chunk: None,
             queue_size: 64,
             max_body_bytes: 1 << 20,
             max_tokens_cap: 4096,
@@ -296,6 +300,12 @@ fn check_config(cfg: &ServerConfig) -> Result<(), ServerError> {
             message: "must be at least 1".into(),
         });
     }
+    if cfg.prefill_chunk == Some(0) {
+        return Err(ServerError::Config {
+            name: "prefill_chunk",
+            message: "must be at least 1".into(),
+        });
+    }
     Ok(())
 }
 
@@ -319,6 +329,7 @@ pub(crate) fn build_model(
                 n_ctx_total: n_ctx,
                 n_ctx_seq: n_seq,
                 batch_tokens: cfg.batch_size,
+                prefill_chunk: cfg.prefill_chunk.unwrap_or(cfg.batch_size),
                 queue_size: cfg.queue_size,
                 log: cfg.log_requests,
             },

@@ -59,6 +59,11 @@ pub struct Args {
     /// prompts are prefilled in pieces between decode steps).
     #[arg(short = 'b', long, default_value_t = 512)]
     batch_size: usize,
+    /// Most prompt tokens per forward pass while other requests are decoding (default: -b).
+    /// Smaller values keep the running streams' inter-token latency low while a long prompt
+    /// arrives, and delay that prompt's first token.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
     /// Require `Authorization: Bearer KEY` (also read from DAMASCUS_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
@@ -143,6 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         parallel: args.parallel,
         n_ctx: args.engine.ctx_size,
         batch_size: args.batch_size,
+        prefill_chunk: args.prefill_chunk,
         queue_size: args.queue_size,
         max_body_bytes: args.max_body,
         max_tokens_cap: args.max_tokens,
