@@ -408,6 +408,14 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// [`data`] rounded to f16 bits (a KV cache's contents).
+    pub(crate) fn f16_data(seed: u64, n: usize, amp: f32) -> Vec<u16> {
+        data(seed, n, amp)
+            .iter()
+            .map(|&x| crate::quantdot::f32_to_f16(x))
+            .collect()
+    }
+
     /// Straight f64 attention from the definition.
     fn naive(q: &[f32], k: &[u16], v: &[u16], sh: DecodeShape, n_kv: usize) -> Vec<f64> {
         let (hd, group) = (sh.head_dim, sh.n_head / sh.n_head_kv);

@@ -272,8 +272,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn_decode::tests::data;
-    use crate::quantdot::f32_to_f16;
+    use crate::attn_decode::tests::{data, f16_data};
 
     /// Scrambled block tables, windows, several sequences: bit-identical to `attn_paged_f16`
     /// (alone and in a batch, threaded or not), on the fast path's head sizes and others.
@@ -301,14 +300,8 @@ mod tests {
             let n_blocks = n_seq * per_seq + 2;
             let sh = shape_of(n_blocks * bs);
             let kv_len = n_head_kv * sh.n_slots * hd;
-            let k: Vec<u16> = data(1, kv_len, 1.0)
-                .iter()
-                .map(|&x| f32_to_f16(x))
-                .collect();
-            let v: Vec<u16> = data(2, kv_len, 1.0)
-                .iter()
-                .map(|&x| f32_to_f16(x))
-                .collect();
+            let k: Vec<u16> = f16_data(1, kv_len, 1.0);
+            let v: Vec<u16> = f16_data(2, kv_len, 1.0);
             // Block ids reversed and interleaved between the sequences.
             let tables: Vec<Vec<u32>> = (0..n_seq)
                 .map(|s| {

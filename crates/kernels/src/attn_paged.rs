@@ -251,9 +251,8 @@ pub(crate) fn kv_head(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn_decode::tests::data;
+    use crate::attn_decode::tests::{data, f16_data};
     use crate::attn_decode::{DecodeShape, KvLayout, attn_decode_f16_scalar};
-    use crate::quantdot::f32_to_f16;
 
     /// A pool with a scrambled block table, against the decode kernel over the same positions
     /// laid out contiguously: equal (same order, same arithmetic); SIMD against scalar within
@@ -280,14 +279,8 @@ mod tests {
                     b += 1;
                 }
             }
-            let kc: Vec<u16> = data(1, n_kv * n_head_kv * hd, 1.0)
-                .iter()
-                .map(|&x| f32_to_f16(x))
-                .collect();
-            let vc: Vec<u16> = data(2, n_kv * n_head_kv * hd, 1.0)
-                .iter()
-                .map(|&x| f32_to_f16(x))
-                .collect();
+            let kc: Vec<u16> = f16_data(1, n_kv * n_head_kv * hd, 1.0);
+            let vc: Vec<u16> = f16_data(2, n_kv * n_head_kv * hd, 1.0);
             let shape = PagedShape {
                 n_head,
                 n_head_kv,

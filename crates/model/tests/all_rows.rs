@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cpu::{CpuBackend, GEMM_MIN_TOKENS};
@@ -18,13 +18,7 @@ use damascus_model::{LoadOptions, Model, Session};
 use damascus_quant::recipe::Mix;
 
 fn file() -> Arc<GgufFile> {
-    static FILE: OnceLock<Arc<GgufFile>> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = damascus_hub::default_model_path()
-            .expect("the default model (SmolLM2-135M-Instruct Q4_1) could not be fetched");
-        Arc::new(GgufFile::open(path).expect("opening the default model"))
-    })
-    .clone()
+    common::default_model_file()
 }
 
 fn opts() -> LoadOptions {

@@ -2,6 +2,8 @@
 //! fast-path tolerance (logits cosine ≥ 0.999, same top-1), on the default model
 //! (SmolLM2-135M-Instruct Q4_1).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -26,13 +28,7 @@ fn fixture_dir() -> PathBuf {
 }
 
 fn file() -> Arc<GgufFile> {
-    static FILE: OnceLock<Arc<GgufFile>> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let path = damascus_hub::default_model_path()
-            .expect("the default model (SmolLM2-135M-Instruct Q4_1) could not be fetched");
-        Arc::new(GgufFile::open(path).expect("opening the default model"))
-    })
-    .clone()
+    common::default_model_file()
 }
 
 fn opts() -> LoadOptions {

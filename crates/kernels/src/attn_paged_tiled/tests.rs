@@ -1,13 +1,11 @@
 use super::*;
-use crate::attn_decode::tests::data;
+use crate::attn_decode::tests::{data, f16_data};
 use crate::attn_paged::{attn_paged_f16_per_token, attn_paged_f16_scalar};
-use crate::quantdot::f32_to_f16;
 
 /// A pool of `n_blocks` blocks with random f16 keys and values.
 fn pool_data(shape: PagedShape, seed: u64) -> (Vec<u16>, Vec<u16>) {
     let n = shape.n_slots * shape.n_head_kv * shape.head_dim;
-    let h = |s| data(s, n, 1.5).iter().map(|&x| f32_to_f16(x)).collect();
-    (h(seed), h(seed + 1))
+    (f16_data(seed, n, 1.5), f16_data(seed + 1, n, 1.5))
 }
 
 /// A scrambled table of `n` blocks out of `n_blocks`.

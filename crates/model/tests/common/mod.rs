@@ -54,3 +54,14 @@ pub fn cuda_device() -> bool {
         _ => true,
     }
 }
+
+/// The default model (SmolLM2-135M-Instruct Q4_1), fetched and opened once per process.
+pub fn default_model_file() -> Arc<GgufFile> {
+    static FILE: std::sync::OnceLock<Arc<GgufFile>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = damascus_hub::default_model_path()
+            .expect("the default model (SmolLM2-135M-Instruct Q4_1) could not be fetched");
+        Arc::new(GgufFile::open(path).expect("opening the default model"))
+    })
+    .clone()
+}
