@@ -42,6 +42,16 @@ pub struct KernelSettings {
     /// their int8 work).
     /// `DAMASCUS_TWO_LEVEL`.
     pub two_level_qkv: bool,
+    /// CUDA: a one-token pass replays a captured graph. `DAMASCUS_CUDA_GRAPHS` (0: off).
+    pub cuda_graphs: bool,
+    /// CUDA: prompt matmuls on the int8 MMQ kernels instead of cuBLAS bf16.
+    /// `DAMASCUS_CUDA_MMQ` (1: on).
+    pub cuda_mmq: bool,
+    /// CUDA: prompt attention on tensor cores. `DAMASCUS_CUDA_FLASH` (0: off).
+    pub cuda_flash: bool,
+    /// CUDA: per-op GPU times (eager launches, no graphs), printed when the device is
+    /// dropped. `DAMASCUS_CUDA_PROFILE` (1: on).
+    pub cuda_profile: bool,
 }
 
 impl Default for KernelSettings {
@@ -58,6 +68,10 @@ impl Default for KernelSettings {
             prefetch: None,
             profile: false,
             two_level_qkv: true,
+            cuda_graphs: true,
+            cuda_mmq: false,
+            cuda_flash: true,
+            cuda_profile: false,
         }
     }
 }
@@ -86,7 +100,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 11] = [
+    pub const VARS: [(&'static str, &'static str); 15] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -110,6 +124,13 @@ impl KernelSettings {
             "DAMASCUS_TWO_LEVEL",
             "0: Q/K/V projections on one-level int8 activations",
         ),
+        ("DAMASCUS_CUDA_GRAPHS", "0: CUDA decode without graphs"),
+        ("DAMASCUS_CUDA_MMQ", "1: CUDA prompt matmuls on int8 MMQ"),
+        (
+            "DAMASCUS_CUDA_FLASH",
+            "0: CUDA prompt attention on CUDA cores",
+        ),
+        ("DAMASCUS_CUDA_PROFILE", "1: per-op CUDA profile on stderr"),
     ];
 
     /// The settings given by variables `get(name)` returns (the binary passes the process
@@ -153,6 +174,10 @@ impl KernelSettings {
             prefetch: num("DAMASCUS_PREFETCH")?,
             profile: val("DAMASCUS_PROFILE").is_some_and(|v| v == "1"),
             two_level_qkv: !off("DAMASCUS_TWO_LEVEL"),
+            cuda_graphs: !off("DAMASCUS_CUDA_GRAPHS"),
+            cuda_mmq: val("DAMASCUS_CUDA_MMQ").is_some_and(|v| v == "1"),
+            cuda_flash: !off("DAMASCUS_CUDA_FLASH"),
+            cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
         })
     }
 

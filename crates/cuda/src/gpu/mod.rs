@@ -68,7 +68,7 @@ pub struct Gpu {
     blas: CudaBlas,
     rec: Mutex<Recorder>,
     graphs_enabled: AtomicBool,
-    /// `DAMASCUS_CUDA_MMQ=1`: prompt matmuls run the int8 MMQ kernels on the quantized weights
+    /// Prompt matmuls run the int8 MMQ kernels on the quantized weights
     /// instead of cuBLAS on a bf16 copy (where the format has one and the shape fits).
     mmq_enabled: AtomicBool,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
@@ -78,7 +78,7 @@ pub struct Gpu {
     two_level_qkv: AtomicBool,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
-    /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
+    /// Per-op GPU times ([`Gpu::open_with`]), printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
     pub name: String,
@@ -152,7 +152,13 @@ impl Gpu {
     /// creates a context and stream, and compiles (or loads from the disk cache) the kernels.
     /// Any missing piece is [`CudaError::NoDevice`]; this never panics.
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
-        match std::panic::catch_unwind(|| Self::open_inner(ordinal)) {
+        Self::open_with(ordinal, false)
+    }
+
+    /// [`Gpu::open`], with per-op GPU times when `profile` (eager launches, no graphs; the
+    /// table is printed when the device is dropped).
+    pub fn open_with(ordinal: usize, profile: bool) -> Result<Arc<Gpu>, CudaError> {
+        match std::panic::catch_unwind(|| Self::open_inner(ordinal, profile)) {
             Ok(r) => r,
             Err(p) => {
                 let msg = p
@@ -165,7 +171,7 @@ impl Gpu {
         }
     }
 
-    fn open_inner(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+    fn open_inner(ordinal: usize, profile: bool) -> Result<Arc<Gpu>, CudaError> {
         // SAFETY: these only try to dlopen the libraries; no CUDA state is touched.
         let (drv, rtc, blas) = unsafe {
             (
@@ -236,12 +242,10 @@ impl Gpu {
             index.insert(k, i);
         }
         let inputs = Self::alloc_on(&stream, 4 * 4096)?;
-        let profile = std::env::var("DAMASCUS_CUDA_PROFILE").is_ok_and(|v| v != "0");
-        let graphs_enabled =
-            !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
-        let mmq_enabled = std::env::var("DAMASCUS_CUDA_MMQ").is_ok_and(|v| v == "1");
-        let flash_enabled =
-            flash_ok && std::env::var("DAMASCUS_CUDA_FLASH").map_or(true, |v| v != "0");
+        // Defaults; the backend applies its settings through the setters.
+        let graphs_enabled = !profile;
+        let mmq_enabled = false;
+        let flash_enabled = flash_ok;
         Ok(Arc::new(Gpu {
             _ctx: ctx,
             stream,

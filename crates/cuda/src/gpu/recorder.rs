@@ -119,12 +119,12 @@ impl Gpu {
         Ok(())
     }
 
-    /// Turns decode graphs on or off (`DAMASCUS_CUDA_GRAPHS=0` starts with them off).
+    /// Turns decode graphs on or off (on unless profiling).
     pub fn set_graphs(&self, on: bool) {
         self.graphs_enabled.store(on, Ordering::Relaxed);
     }
 
-    /// Turns the int8 MMQ prompt matmuls on or off (`DAMASCUS_CUDA_MMQ=1` starts with them on).
+    /// Turns the int8 MMQ prompt matmuls on or off (off at first).
     pub fn set_mmq(&self, on: bool) {
         self.mmq_enabled.store(on, Ordering::Relaxed);
     }
@@ -139,8 +139,8 @@ impl Gpu {
         self.two_level_qkv.store(on, Ordering::Relaxed);
     }
 
-    /// Turns the tensor-core prompt attention on or off (`DAMASCUS_CUDA_FLASH=0` starts with
-    /// it off; the CUDA-core kernel runs instead). Stays off on a device that cannot give the
+    /// Turns the tensor-core prompt attention on or off (on at first where the device
+    /// allows; off: the CUDA-core kernel runs instead). Stays off on a device that cannot give the
     /// flash kernels their shared memory.
     pub fn set_flash(&self, on: bool) {
         self.flash_enabled

@@ -51,10 +51,13 @@ impl CudaBackend {
     }
 
     /// Opens CUDA device `ordinal` with `settings` (those that apply on the GPU:
-    /// `two_level_qkv`).
+    /// `two_level_qkv` and the `cuda_*` ones).
     pub fn with_settings(ordinal: usize, settings: &KernelSettings) -> Result<Self, ModelError> {
-        let gpu = Gpu::open(ordinal)?;
+        let gpu = Gpu::open_with(ordinal, settings.cuda_profile)?;
         gpu.set_two_level_qkv(settings.two_level_qkv);
+        gpu.set_graphs(settings.cuda_graphs && !settings.cuda_profile);
+        gpu.set_mmq(settings.cuda_mmq);
+        gpu.set_flash(settings.cuda_flash);
         Ok(Self {
             gpu,
             inv_freq: Mutex::new(None),
