@@ -18,6 +18,7 @@ mod attention;
 mod buffers;
 pub(crate) mod launch;
 mod ops;
+mod paged;
 mod profile;
 mod recorder;
 
@@ -31,6 +32,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 pub use attention::{AttnParams, decode_chunk};
 pub use buffers::{DevAct, DevBuf, DevKv, DevMatrix, DevVec};
+pub use paged::{PagedSeq, decode_splits_bound};
 
 use crate::error::CudaError;
 use launch::KERNELS;
@@ -38,12 +40,14 @@ use profile::Profile;
 use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
-/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers) and
-/// `flash.cu` (the tensor-core prompt attention).
+/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
+/// `flash.cu` (the tensor-core prompt attention) and `paged.cu` (the attention kernels of a
+/// batched pass over the shared paged KV pool, built from the other files' device functions).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
     include_str!("../../kernels/mmq.cu"),
-    include_str!("../../kernels/flash.cu")
+    include_str!("../../kernels/flash.cu"),
+    include_str!("../../kernels/paged.cu")
 );
 
 /// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
@@ -219,6 +223,7 @@ impl Gpu {
         for (i, &k) in KERNELS.iter().enumerate() {
             let f = module.load_function(k).map_err(call(k))?;
             if let Some(d) = k.strip_prefix("attn_flash_") {
+                let d = d.trim_start_matches("paged_");
                 // A device that cannot give the tiles their shared memory runs the CUDA-core
                 // prompt attention instead.
                 let smem = d.parse().map_or(0, attention::flash_smem);

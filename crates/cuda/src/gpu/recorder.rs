@@ -57,6 +57,12 @@ pub(super) struct Recorder {
     pub(super) inputs: DevBuf,
     /// `[rows]` u32: where `argmax` writes its picks (grown on demand).
     picks: Option<DevBuf>,
+    /// The batch table of a batched pass over the paged pool (see `paged`), written to
+    /// `batch` before the next flush; empty when the pass has none.
+    pub(super) batch_host: Vec<u32>,
+    pub(super) batch_dirty: bool,
+    /// Device copy of `batch_host` (grown on demand).
+    pub(super) batch: Option<DevBuf>,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
     graphs: HashMap<u64, Graph>,
@@ -71,6 +77,9 @@ impl Recorder {
             inputs_dirty: false,
             inputs,
             picks: None,
+            batch_host: Vec::new(),
+            batch_dirty: false,
+            batch: None,
             flushed_mid: false,
             graphs: HashMap::new(),
         }
@@ -116,7 +125,14 @@ impl Gpu {
         r.inputs_host.clear();
         r.inputs_host.push(pos);
         r.inputs_dirty = true;
+        r.batch_host.clear();
+        r.batch_dirty = false;
         Ok(())
+    }
+
+    /// Drops every captured graph (a buffer their launches name was replaced).
+    pub(super) fn forget_graphs(r: &mut Recorder) {
+        r.graphs.clear();
     }
 
     /// Turns decode graphs on or off (`DAMASCUS_CUDA_GRAPHS=0` starts with them off).
@@ -152,6 +168,13 @@ impl Gpu {
             }
             .map_err(call("uploading positions and token ids"))?;
             r.inputs_dirty = false;
+        }
+        if r.batch_dirty {
+            let dst = r.batch.as_ref().map_or(Ptr::NULL, |b| b.ptr);
+            // SAFETY: `batch` was grown to hold `batch_host` when it was written (`paged`).
+            unsafe { result::memcpy_htod_async(dst.0, &r.batch_host, self.stream.cu_stream()) }
+                .map_err(call("uploading the batch table"))?;
+            r.batch_dirty = false;
         }
         if r.ops.is_empty() {
             return Ok(());

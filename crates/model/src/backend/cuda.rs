@@ -15,13 +15,20 @@
 //! One device recorder serves every sequence, so forward passes on one `CudaBackend` are
 //! serialized: `begin_forward` waits until no other pass is between its own `begin_forward` and
 //! `end_forward` (the decoder always calls both), so several server slots may share one GPU.
+//!
+//! Batched passes ([`Backend::attention_batch`]: the server's continuous batching) run over one
+//! shared paged pool: the layer caches' slots are the pool's slots, each sequence's rows are
+//! rotated at their own positions and written through its block table, decode rows take the
+//! split-K decode kernel and prompt chunks the flash kernel, each over its own sequence's
+//! blocks (`damascus_cuda::Gpu::attention_paged`). A lone sequence over a private cache keeps
+//! the contiguous kernels and its decode graph.
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu};
+use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu, PagedSeq};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 
-use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
@@ -325,5 +332,56 @@ impl Backend for CudaBackend {
 
     fn write(&self, x: &mut DevAct, data: &[f32]) -> Result<(), ModelError> {
         Ok(self.gpu.write(x, data)?)
+    }
+
+    fn supports_batches(&self) -> bool {
+        true
+    }
+
+    fn attention_batch(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        v: &DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        // A lone sequence over a private cache: the contiguous kernels (the same results, and
+        // the position from `begin_forward`, so its decode graph replays at every step).
+        if let Some(s) = batch.single_contiguous() {
+            return self.rope_attention(cache, layer, attn, s.pos0, rope, q, k, v, out);
+        }
+        let inv = self.inv_freq(rope)?;
+        let neox = rope.layout == RopeLayout::Neox;
+        let seqs: Vec<PagedSeq<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| PagedSeq {
+                rows: s.rows.clone(),
+                pos0: s.pos0,
+                table: s.table,
+            })
+            .collect();
+        let kv = self.kv(cache, attn.shape)?;
+        Ok(self.gpu.attention_paged(
+            kv,
+            layer,
+            batch.block_size,
+            &seqs,
+            q,
+            k,
+            v,
+            out,
+            Some((&*inv, neox)),
+            params(attn),
+        )?)
+    }
+
+    fn copy_rows(&self, src: &DevAct, rows: &[usize], dst: &mut DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.copy_rows(src, rows, dst)?)
     }
 }
