@@ -94,6 +94,17 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
     q8_block(x[b * 32 + lane], q + b * 32, ds + b);
 }
 
+// The two-level shadow's second level: what q/ds miss of x, quantized again (q2, ds2), so
+// that x ≈ d₁q₁ + d₂q₂ (the Q/K/V projections' inputs). One warp per 32-block.
+extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const float2* ds,
+                                           i8* q2, float2* ds2, int n_blocks) {
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= n_blocks) return;
+    int lane = threadIdx.x & 31;
+    float r = x[b * 32 + lane] - ds[b].x * (float)q[b * 32 + lane];
+    q8_block(r, q2 + b * 32, ds2 + b);
+}
+
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
 // 0). Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
 // (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
@@ -560,15 +571,25 @@ __device__ __forceinline__ float unit(const u8* w, u64 off1, u64 off2, u64 row, 
 }
 
 // One row dotted with one token's x; one warp, lanes take the units in turn.
+// With a second level (xq2 != null, quantized formats only) each unit is dotted with both
+// levels while its weights are in registers.
 template <int FMT>
 __device__ __forceinline__ float row_dot(const u8* w, u64 off1, u64 off2, u64 row, int cols,
-                                         const i8* xq, const float2* xds, const float* xf) {
+                                         const i8* xq, const float2* xds, const float* xf,
+                                         const i8* xq2, const float2* xds2) {
     int lane = threadIdx.x & 31;
     int units = units_per_row<FMT>(cols);
     float acc = 0.0f;
+    if (FMT != FMT_F16 && xq2) {
+#pragma unroll 2
+        for (int u = lane; u < units; u += 32)
+            acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf) +
+                   unit<FMT>(w, off1, off2, row, u, cols, xq2, xds2, xf);
+    } else {
 #pragma unroll 4
-    for (int u = lane; u < units; u += 32)
-        acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf);
+        for (int u = lane; u < units; u += 32)
+            acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf);
+    }
     return warp_sum(acc);
 }
 
@@ -579,7 +600,7 @@ template <int FMT>
 __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const u8* w1,
                      u64 a1, u64 b1, int rows1, float* out1, const u8* w2, u64 a2, u64 b2,
                      int rows2, float* out2, int cols, const i8* xq, const float2* xds,
-                     const float* xf, int acc) {
+                     const float* xf, const i8* xq2, const float2* xds2, int acc) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
     int blk = blockIdx.x;
@@ -598,7 +619,8 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
     if (row >= rows) return;
     u64 t = blockIdx.y;
     float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
-                           xf + t * cols);
+                           xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
+                           xq2 ? xds2 + t * (cols >> 5) : nullptr);
     if ((threadIdx.x & 31) == 0) {
         float* o = out + t * rows + row;
         *o = acc ? *o + v : v;
@@ -608,10 +630,11 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
 #define GEMV_PARAMS                                                                            \
     const u8 *w0, u64 a0, u64 b0, int rows0, float *out0, const u8 *w1, u64 a1, u64 b1,        \
         int rows1, float *out1, const u8 *w2, u64 a2, u64 b2, int rows2, float *out2,          \
-        int cols, const i8 *xq, const float2 *xds, const float *xf, int acc
+        int cols, const i8 *xq, const float2 *xds, const float *xf, const i8 *xq2,             \
+        const float2 *xds2, int acc
 #define GEMV_ARGS                                                                              \
     w0, a0, b0, rows0, out0, w1, a1, b1, rows1, out1, w2, a2, b2, rows2, out2, cols, xq, xds,  \
-        xf, acc
+        xf, xq2, xds2, acc
 
 #define INSTANTIATE(NAME, FMT)                                                                 \
     extern "C" __global__ void gemv_##NAME(GEMV_PARAMS) { gemv<FMT>(GEMV_ARGS); }              \

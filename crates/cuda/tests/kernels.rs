@@ -155,6 +155,43 @@ fn gemv_and_gemm_match_host_dot_products() {
 }
 
 #[test]
+fn two_level_gemv_is_within_the_second_levels_rounding() {
+    // Two-level q8 activations (the Q/K/V projections): x ≈ d₁q₁ + d₂q₂, so the dot is off by
+    // the second level's rounding, about 1/254 of one level's (q8_bound), plus f32 sums.
+    let Some(g) = gpu() else { return };
+    for dtype in TYPES {
+        for (rows, cols) in shapes(dtype) {
+            let src = quantized(dtype, rows, cols, 5 * rows as u64 + cols as u64);
+            let p = layout::pack(dtype, &src, rows, cols).unwrap();
+            if p.format == Format::F16 {
+                continue;
+            }
+            let mut m = g.upload_packed(&p).unwrap();
+            m.two_level = true;
+            let w: Vec<Vec<f32>> = (0..rows).map(|r| layout::dequant_row(&p, r)).collect();
+            for n in [1usize, 3, 7] {
+                let x = randn(n * cols, n as u64 + 41);
+                let xa = g.act(n, cols).unwrap();
+                let out = g.act(n, rows).unwrap();
+                g.write(&xa, &x).unwrap();
+                g.begin(n, 0).unwrap();
+                g.matmul(&m, &xa, &out).unwrap();
+                g.end().unwrap();
+                let got = g.read(&out).unwrap();
+                let want = host_matmul(&w, &x, n);
+                for (i, (gv, &(v, q8_tol, mag))) in got.iter().zip(&want).enumerate() {
+                    let tol = (q8_tol - mag * 1e-5 - 1e-5) / 64.0 + mag * 2e-5 + 1e-5;
+                    assert!(
+                        (f64::from(*gv) - v).abs() <= tol,
+                        "{dtype:?} [{rows},{cols}] n={n} entry {i}: gpu {gv} host {v} (tol {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn norm_swiglu_add_rope_match_host() {
     let Some(g) = gpu() else { return };
     for (n, width) in [(1usize, 32usize), (3, 96), (7, 576), (33, 256)] {

@@ -242,7 +242,8 @@ impl Model {
                             .with_repack(!opts.no_repack),
                     ),
                     Some(n) if n < n_layer => {
-                        let gpu = crate::backend::cuda::CudaBackend::new(device)?;
+                        let gpu =
+                            crate::backend::cuda::CudaBackend::with_settings(device, &opts.kernel)?;
                         let split = crate::backend::split::Split::new(
                             CpuBackend::with_settings(n_threads, &opts.kernel)
                                 .with_repack(!opts.no_repack),
@@ -253,7 +254,8 @@ impl Model {
                         Self::with_backend(file, opts, split)
                     }
                     _ => {
-                        let backend = crate::backend::cuda::CudaBackend::new(device)?;
+                        let backend =
+                            crate::backend::cuda::CudaBackend::with_settings(device, &opts.kernel)?;
                         Self::with_backend(file, opts, backend)
                     }
                 }

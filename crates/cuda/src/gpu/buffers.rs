@@ -55,6 +55,9 @@ pub struct DevMatrix {
     pub(super) off2: u64,
     /// `[rows, cols]` bf16 copy for the prompt GEMM, made on first use.
     pub(super) bf16: Mutex<Option<DevBuf>>,
+    /// Multiplies two-level q8 activations in the GEMV (the Q/K/V projections; see
+    /// [`Gpu::set_two_level_qkv`]).
+    pub two_level: bool,
 }
 
 impl DevMatrix {
@@ -86,6 +89,10 @@ pub struct DevAct {
     pub width: usize,
     pub(super) x: DevBuf,
     pub(super) q: Option<(DevBuf, DevBuf)>,
+    /// The second level of the q8 shadow (`[n_tokens, width]` int8, `[n_tokens, width / 32]`
+    /// float2: `x - d·q` quantized again), for GEMV-sized activations; written by each
+    /// two-level matmul before it reads it.
+    pub(super) q2: Option<(DevBuf, DevBuf)>,
     pub(super) bf: Option<DevBuf>,
     /// The q8 shadow holds the current contents (its producer wrote both).
     pub(super) q_fresh: AtomicBool,
@@ -179,6 +186,7 @@ impl Gpu {
             off1: p.off1 as u64,
             off2: p.off2 as u64,
             bf16: Mutex::new(None),
+            two_level: false,
         })
     }
 
@@ -199,16 +207,20 @@ impl Gpu {
         } else {
             None
         };
-        let bf = if n >= GEMM_MIN_TOKENS {
-            Some(self.alloc(n * width * 2)?)
+        let (q2, bf) = if n >= GEMM_MIN_TOKENS {
+            (None, Some(self.alloc(n * width * 2)?))
+        } else if q.is_some() {
+            let q2 = (self.alloc(n * width)?, self.alloc(n * width / 32 * 8)?);
+            (Some(q2), None)
         } else {
-            None
+            (None, None)
         };
         Ok(DevAct {
             n,
             width,
             x: self.alloc(n * width * 4)?,
             q,
+            q2,
             bf,
             q_fresh: AtomicBool::new(false),
         })

@@ -25,7 +25,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 20;
+pub(crate) const MAX_ARGS: usize = 22;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -243,6 +243,7 @@ pub(crate) fn mmq_variant(format: Format) -> Option<usize> {
 /// Every kernel the module must hold (loaded when the device opens).
 pub(crate) const KERNELS: &[&str] = &[
     "quantize_q8",
+    "quantize_q8_res",
     "rms_norm",
     "swiglu",
     "geglu",
@@ -326,6 +327,10 @@ pub(crate) const KERNELS: &[&str] = &[
 kernels! {
     /// `x [n_blocks * 32]` f32 into its q8 shadow.
     QuantizeQ8 = "quantize_q8" { x: Ptr, q: Ptr, ds: Ptr, n_blocks: i32 }
+    /// The second level of x's two-level q8 shadow: `x - ds·q` quantized again.
+    QuantizeQ8Res = "quantize_q8_res" {
+        x: Ptr, q: Ptr, ds: Ptr, q2: Ptr, ds2: Ptr, n_blocks: i32,
+    }
     /// `out = rms_norm(x) * w` per token, and out's q8 shadow when `do_q`.
     RmsNorm = "rms_norm" {
         x: Ptr, w: Ptr, eps: f32, out: Ptr, q: Ptr, ds: Ptr, width: i32, do_q: bool,
@@ -357,7 +362,10 @@ kernels! {
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
     /// Up to three GEMVs of one format over the same activation.
-    Gemv in GEMV { mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, acc: bool }
+    Gemv in GEMV {
+        mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
+        acc: bool,
+    }
     /// Rows of a matrix dequantized to f32 and/or bf16.
     Dequant in DEQUANT {
         w: Ptr, off1: u64, off2: u64, rows: i32, cols: i32, ids: Ptr, out_f32: Ptr,
@@ -447,10 +455,12 @@ mod tests {
             xq: Ptr(9),
             xds: Ptr(10),
             xf: Ptr(11),
+            xq2: Ptr::NULL,
+            xds2: Ptr::NULL,
             acc: false,
         };
         assert_eq!(g.name(), "gemv_q6k");
-        assert_eq!(g.args().n, 20);
+        assert_eq!(g.args().n, 22);
     }
 
     #[test]

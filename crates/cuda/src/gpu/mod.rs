@@ -77,6 +77,9 @@ pub struct Gpu {
     mmq_enabled: AtomicBool,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
+    /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
+    /// (on unless [`Gpu::set_two_level_qkv`] turns it off).
+    two_level_qkv: AtomicBool,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
     /// `DAMASCUS_CUDA_PROFILE=1`: per-op GPU times, printed when the device is dropped.
@@ -254,6 +257,7 @@ impl Gpu {
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
             flash_enabled: AtomicBool::new(flash_enabled),
+            two_level_qkv: AtomicBool::new(true),
             flash_ok,
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,

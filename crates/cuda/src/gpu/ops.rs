@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use super::Gpu;
 use super::buffers::{DevAct, DevBuf, DevMatrix, DevVec, i32_dim};
 use super::launch::{
-    Add, AddBias, Dequant, Geglu, Gemv, GemvMat, Mmq, Ptr, QuantizeQ8, RmsNorm, RmsNormHeads,
-    ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
+    Add, AddBias, Dequant, Geglu, Gemv, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res, RmsNorm,
+    RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
 use crate::error::CudaError;
@@ -229,6 +229,7 @@ impl Gpu {
             self.ensure_q8(x)?;
         }
         let (q, ds) = x.q8_ptrs();
+        let (q2, ds2) = self.second_level(x, pairs);
         let mut rest = pairs;
         while let Some(((w0, _), _)) = rest.split_first() {
             let same = rest
@@ -259,6 +260,12 @@ impl Gpu {
                     xq: q,
                     xds: ds,
                     xf: x.x.ptr,
+                    xq2: if group.iter().any(|(w, _)| w.two_level) {
+                        q2
+                    } else {
+                        Ptr::NULL
+                    },
+                    xds2: ds2,
                     acc,
                 },
                 [blocks as u32, x.n as u32, 1],
@@ -266,6 +273,34 @@ impl Gpu {
             );
         }
         Ok(())
+    }
+
+    /// x's second q8 level (written now), when one of `pairs` takes two-level activations and
+    /// they are on; else null pointers. The caller made the first level current.
+    fn second_level(&self, x: &DevAct, pairs: &[(&DevMatrix, &DevAct)]) -> (Ptr, Ptr) {
+        let want = self.two_level_qkv.load(Ordering::Relaxed)
+            && pairs
+                .iter()
+                .any(|(w, _)| w.two_level && w.format != Format::F16);
+        match (&x.q, &x.q2) {
+            (Some((q, ds)), Some((q2, ds2))) if want => {
+                let n_blocks = x.n * x.width / 32;
+                self.push(
+                    QuantizeQ8Res {
+                        x: x.x.ptr,
+                        q: q.ptr,
+                        ds: ds.ptr,
+                        q2: q2.ptr,
+                        ds2: ds2.ptr,
+                        n_blocks: n_blocks as i32,
+                    },
+                    [div_ceil_u32(n_blocks, 8), 1, 1],
+                    [256, 1, 1],
+                );
+                (q2.ptr, ds2.ptr)
+            }
+            _ => (Ptr::NULL, Ptr::NULL),
+        }
     }
 
     /// `out (+)= x · Wᵀ` through the int8 MMQ kernel, for any token count (tests and

@@ -145,6 +145,16 @@ impl Gpu {
         self.mmq_enabled.store(on, Ordering::Relaxed);
     }
 
+    /// Turns two-level q8 activations for the GEMVs of [`DevMatrix::two_level`] matrices on or
+    /// off (the CPU's `KernelSettings::two_level_qkv`; on by default). The second level
+    /// quantizes what the first misses (`x ≈ d₁q₁ + d₂q₂`), at twice the dp4a work of those
+    /// GEMVs and no extra weight reads.
+    ///
+    /// [`DevMatrix::two_level`]: super::DevMatrix::two_level
+    pub fn set_two_level_qkv(&self, on: bool) {
+        self.two_level_qkv.store(on, Ordering::Relaxed);
+    }
+
     /// Turns the tensor-core prompt attention on or off (`DAMASCUS_CUDA_FLASH=0` starts with
     /// it off; the CUDA-core kernel runs instead). Stays off on a device that cannot give the
     /// flash kernels their shared memory.
