@@ -39,7 +39,10 @@ use crate::tensor::FileTensor;
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     /// The rope inverse frequencies on the device, keyed by their host values.
-    inv_freq: Mutex<Option<(Vec<f32>, Arc<DevVec>)>>,
+    /// Every set of frequencies seen (Gemma 3 alternates two), kept for the backend's life:
+    /// recorded launches name them, so one must not be freed (and its memory reused by the next
+    /// upload) before the pass that reads it has run.
+    inv_freq: Mutex<Vec<(Vec<f32>, Arc<DevVec>)>>,
     /// A forward pass is being recorded (between `begin_forward` and `end_forward`).
     busy: Mutex<bool>,
     idle: Condvar,
@@ -64,7 +67,7 @@ impl CudaBackend {
         gpu.set_two_level_qkv(settings.two_level_qkv);
         Ok(Self {
             gpu,
-            inv_freq: Mutex::new(None),
+            inv_freq: Mutex::new(Vec::new()),
             busy: Mutex::new(false),
             idle: Condvar::new(),
         })
@@ -76,14 +79,18 @@ impl CudaBackend {
     }
 
     fn inv_freq(&self, rope: &RopeParams) -> Result<Arc<DevVec>, ModelError> {
-        let mut slot = self.inv_freq.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((host, dev)) = slot.as_ref()
-            && *host == rope.inv_freq
-        {
+        /// More sets than any family uses: past it, the oldest goes once the device is idle.
+        const KEEP: usize = 8;
+        let mut sets = self.inv_freq.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, dev)) = sets.iter().find(|(host, _)| *host == rope.inv_freq) {
             return Ok(Arc::clone(dev));
         }
+        if sets.len() >= KEEP {
+            self.gpu.sync()?;
+            sets.remove(0);
+        }
         let dev = Arc::new(self.gpu.upload_f32(&rope.inv_freq)?);
-        *slot = Some((rope.inv_freq.clone(), Arc::clone(&dev)));
+        sets.push((rope.inv_freq.clone(), Arc::clone(&dev)));
         Ok(dev)
     }
 }
