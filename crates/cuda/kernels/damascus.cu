@@ -386,9 +386,10 @@ __device__ void dequant_rows(const u8* w, u64 off1, u64 off2, int rows, int cols
 }
 
 // ---------------------------------------------------------------------------------------
-// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block,
-// blockIdx.y = token. Each lane takes "units" (a fixed slice of the row's blocks) in turn;
-// quantized formats use dp4a against the q8 shadow, f16 uses the f32 activations.
+// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block, blocks
+// (row block, token) flattened token-fastest on x. Each lane takes "units" (a fixed slice of
+// the row's blocks) in turn; quantized formats use dp4a against the q8 shadow, f16 uses the
+// f32 activations.
 
 // A unit is 16 bytes of quants: 16 weights of sub-block 2j and 16 of 2j + 1 (half h of each).
 // The min term needs the sum of x over a whole 32-block, which the q8 shadow carries (ds.y =
@@ -603,7 +604,13 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
                      const float* xf, const i8* xq2, const float2* xds2, int acc) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
-    int blk = blockIdx.x;
+    int nb2 = (rows2 + rpb - 1) / rpb;
+    // Grid x = (row block, token) with the token fastest: the blocks of one row block for
+    // every token run side by side, so a batch of decode tokens reads each weight row from
+    // DRAM once (L2 serves the other tokens). A token's sums are the one-token kernel's.
+    int n_tok = gridDim.x / (nb0 + nb1 + nb2);
+    int blk = blockIdx.x / n_tok;
+    u64 t = blockIdx.x - (u64)blk * n_tok;
     const u8* w = w0;
     u64 off1 = a0, off2 = b0;
     int rows = rows0;
@@ -617,7 +624,6 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
     }
     int row = blk * rpb + (threadIdx.x >> 5);
     if (row >= rows) return;
-    u64 t = blockIdx.y;
     float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
                            xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
                            xq2 ? xds2 + t * (cols >> 5) : nullptr);

@@ -268,7 +268,8 @@ impl Gpu {
                     xds2: ds2,
                     acc,
                 },
-                [blocks as u32, x.n as u32, 1],
+                // (row block, token), token fastest (the kernel's order).
+                [(blocks * x.n) as u32, 1, 1],
                 [32 * GEMV_WARPS as u32, 1, 1],
             );
         }
