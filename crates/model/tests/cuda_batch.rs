@@ -194,7 +194,11 @@ fn check(model: &Model, others: u32, budget: usize, what: &str) {
 
 fn cuda_model(file: Arc<GgufFile>) -> Model {
     let b = CudaBackend::new(0).expect("opening the CUDA backend");
-    Model::with_backend(file, &LoadOptions::default(), b).expect("loading on CUDA")
+    let opts = LoadOptions {
+        n_ctx: Some(256),
+        ..Default::default()
+    };
+    Model::with_backend(file, &opts, b).expect("loading on CUDA")
 }
 
 #[test]

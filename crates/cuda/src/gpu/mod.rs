@@ -12,7 +12,9 @@
 //! graph: the recorded list is hashed, and a list seen before replays its instantiated graph
 //! instead of launching ~300 kernels one by one. Positions and token ids reach the kernels
 //! through a small device `inputs` buffer written before the flush, so the same graph serves
-//! every decode step of a sequence.
+//! every decode step of a sequence. A batched pass over the shared paged pool (`paged`) adds
+//! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
+//! rows only, on the GEMVs, is graphed the same way, one graph per batch size.
 
 mod attention;
 mod buffers;
@@ -55,7 +57,7 @@ pub const SOURCE: &str = concat!(
 /// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
-/// Decode graphs kept per device (one per live sequence, in practice).
+/// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
 fn call<E: std::fmt::Display>(op: &str) -> impl FnOnce(E) -> CudaError + '_ {

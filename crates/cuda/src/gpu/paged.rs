@@ -5,7 +5,9 @@
 //!
 //! One batch table per pass (`kernels/paged.cu` spells out its layout: per-row positions,
 //! slots and table offsets, the decode rows, the block tables) goes to the device with the
-//! token ids at the flush, so a one-row pass replays as a graph like a lone sequence's step.
+//! token ids at the flush, so a pass of decode rows only (fewer than `GEMM_MIN_TOKENS`: all on
+//! the GEMVs) replays as a graph from its second step at that batch size, as a lone
+//! sequence's step does; other batched passes run eager.
 //! Decode rows (sequences with one row in the pass) run the split-K decode kernel, each with
 //! the split length it would have alone; prompt chunks run the flash kernel (or the CUDA-core
 //! one when flash is off) once per chunk. Only the address of a cached position differs from a
@@ -14,7 +16,6 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use super::Gpu;
 use super::attention::{ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, decode_chunk, flash_smem};
 use super::buffers::{DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
@@ -23,6 +24,7 @@ use super::launch::{
 };
 use super::ops::div_ceil_u32;
 use super::recorder::Op;
+use super::{GEMM_MIN_TOKENS, Gpu};
 use crate::error::CudaError;
 
 /// One sequence of a batched pass.
@@ -197,9 +199,11 @@ impl Gpu {
             .map_err(|_| shape_err(format!("window {}", params.window)))?;
         let scale = params.scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let bt = batch_table(seqs, n, block_size, kv.n_ctx)?;
-        // A one-row pass takes the splits of the deepest position the pool holds, so its
-        // graph does not change with the depth; a wider one only what its rows need.
-        let n_split = if n == 1 {
+        // A pass of decode rows only, short enough for the GEMVs, is graphed (see the
+        // recorder): it takes the splits of the deepest position the pool holds, so its
+        // launches do not change with the depth. Others take what their rows need.
+        let graphed = bt.n_dec == n && n < GEMM_MIN_TOKENS;
+        let n_split = if graphed {
             decode_splits_bound(kv.n_ctx).max(bt.max_splits)
         } else {
             bt.max_splits
@@ -224,6 +228,7 @@ impl Gpu {
                 r.batch_host.clone_from(&bt.words);
                 r.batch_dirty = true;
             }
+            r.decode_batch = graphed;
             r.batch.as_ref().map_or(Ptr::NULL, |b| b.ptr)
         };
         // The decode rows' partials (grown only on a pass's first layer: every layer of a

@@ -1,5 +1,6 @@
 //! The op recorder: ops recorded per forward pass, run at a flush either one by one, under
-//! the profiler, or (a one-token pass flushed whole) as a cached CUDA graph.
+//! the profiler, or (a one-token pass, or a batch of decode rows on the GEMVs, flushed whole)
+//! as a cached CUDA graph.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -63,6 +64,10 @@ pub(super) struct Recorder {
     pub(super) batch_dirty: bool,
     /// Device copy of `batch_host` (grown on demand).
     pub(super) batch: Option<DevBuf>,
+    /// This pass is a batch of decode rows only, short enough for the GEMVs: its launches
+    /// repeat step after step while the batch keeps its size, so it is graphed like a
+    /// one-token pass (set by `paged`).
+    pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
     graphs: HashMap<u64, Graph>,
@@ -80,6 +85,7 @@ impl Recorder {
             batch_host: Vec::new(),
             batch_dirty: false,
             batch: None,
+            decode_batch: false,
             flushed_mid: false,
             graphs: HashMap::new(),
         }
@@ -127,6 +133,7 @@ impl Gpu {
         r.inputs_dirty = true;
         r.batch_host.clear();
         r.batch_dirty = false;
+        r.decode_batch = false;
         Ok(())
     }
 
@@ -193,7 +200,7 @@ impl Gpu {
         let graphable = self.graphs_enabled.load(Ordering::Relaxed)
             && last
             && !r.flushed_mid
-            && r.n_tokens == 1
+            && (r.n_tokens == 1 || r.decode_batch)
             && !ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
         if !last {
             r.flushed_mid = true;
