@@ -4,7 +4,8 @@
 //! * `buffers`: device buffers, weights, activations and the KV cache;
 //! * `recorder`: the op recorder, flushes and decode graphs;
 //! * `profile`: per-op GPU times (`DAMASCUS_CUDA_PROFILE=1`);
-//! * `ops` and `attention`: the ops the model's backend records.
+//! * `ops` and `attention`: the ops the model's backend records;
+//! * `paged`: attention of a batched pass over a shared paged KV pool, and row gathers.
 //!
 //! Ops are not launched when called: they are *recorded* (kernel, grid, arguments) and run at
 //! the next flush: [`Gpu::read`] (a host read needs the results) or [`Gpu::end`] (the end of a
