@@ -292,7 +292,6 @@ extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16
                  n_ctx);
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Dequantization: group g (32 weights) of row `row`.
 

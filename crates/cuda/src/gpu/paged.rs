@@ -5,9 +5,9 @@
 //!
 //! One batch table per pass (`kernels/paged.cu` spells out its layout: per-row positions,
 //! slots and table offsets, the decode rows, the block tables) goes to the device with the
-//! token ids at the flush, so a pass of decode rows only (fewer than `GEMM_MIN_TOKENS`: all on
-//! the GEMVs) replays as a graph from its second step at that batch size, as a lone
-//! sequence's step does; other batched passes run eager.
+//! token ids at the flush, so a pass of decode rows only (on the GEMVs, or on MMQ when it is
+//! on) replays as a graph from its second step at that batch size, as a lone sequence's step
+//! does; other batched passes run eager.
 //! Decode rows (sequences with one row in the pass) run the split-K decode kernel, each with
 //! the split length it would have alone; prompt chunks run the flash kernel (or the CUDA-core
 //! one when flash is off) once per chunk. Only the address of a cached position differs from a
@@ -53,6 +53,10 @@ pub fn decode_splits_bound(n_ctx: usize) -> usize {
         .max()
         .unwrap_or(0)
 }
+
+/// Most bytes of decode partials a graphed batch may hold (its splits are sized for the
+/// pool's deepest position, not its own).
+const GRAPH_PARTIALS: usize = 64 << 20;
 
 fn shape_err(what: String) -> CudaError {
     CudaError::Shape(format!("paged attention: {what}"))
@@ -199,15 +203,16 @@ impl Gpu {
             .map_err(|_| shape_err(format!("window {}", params.window)))?;
         let scale = params.scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let bt = batch_table(seqs, n, block_size, kv.n_ctx)?;
-        // A pass of decode rows only, short enough for the GEMVs, is graphed (see the
-        // recorder): it takes the splits of the deepest position the pool holds, so its
-        // launches do not change with the depth. Others take what their rows need.
-        let graphed = bt.n_dec == n && n < GEMM_MIN_TOKENS;
-        let n_split = if graphed {
-            decode_splits_bound(kv.n_ctx).max(bt.max_splits)
-        } else {
-            bt.max_splits
-        };
+        // A pass of decode rows only is graphed (see the recorder; unless a cuBLAS GEMM runs
+        // in it) when its matmuls stay off cuBLAS: the GEMVs, or MMQ when it is on. It takes
+        // the splits of the deepest position the pool holds, so its launches do not change
+        // with the depth, if those partials stay under `GRAPH_PARTIALS`; other passes take
+        // what their rows need.
+        let bound = decode_splits_bound(kv.n_ctx).max(bt.max_splits);
+        let graphed = bt.n_dec == n
+            && (n < GEMM_MIN_TOKENS || self.mmq_enabled.load(Ordering::Relaxed))
+            && n * n_head * bound * (hd * 4 + 8) <= GRAPH_PARTIALS;
+        let n_split = if graphed { bound } else { bt.max_splits };
         if n_split > 65535 || bt.n_dec > 65535 {
             return Err(shape_err(format!(
                 "{} decode rows of {n_split} splits",

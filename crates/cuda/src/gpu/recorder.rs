@@ -64,9 +64,9 @@ pub(super) struct Recorder {
     pub(super) batch_dirty: bool,
     /// Device copy of `batch_host` (grown on demand).
     pub(super) batch: Option<DevBuf>,
-    /// This pass is a batch of decode rows only, short enough for the GEMVs: its launches
-    /// repeat step after step while the batch keeps its size, so it is graphed like a
-    /// one-token pass (set by `paged`).
+    /// This pass is a batch of decode rows only: its launches repeat step after step while the
+    /// batch keeps its size, so it is graphed like a one-token pass when it holds no cuBLAS
+    /// GEMM (set by `paged`).
     pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
