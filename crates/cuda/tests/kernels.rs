@@ -156,21 +156,30 @@ fn gemv_and_gemm_match_host_dot_products() {
 
 #[test]
 fn batched_gemv_gives_each_token_its_one_token_bits() {
-    // A decode batch of n < GEMM_MIN_TOKENS tokens runs the GEMV with blocks ordered (row
-    // block, token): every token must get the bits a pass of its own gives (batch
-    // invariance), for one matrix and for a fused launch of three (row counts 1, 7 and 33).
+    // A decode batch of n < GEMM_MIN_TOKENS tokens runs `gemv_batch` (up to 8 tokens per
+    // weight load; its twin is the one-token GEMV), or with it off the one-token GEMV with
+    // blocks ordered (row block, token): either way every token must get the bits a pass of
+    // its own gives (batch invariance), for one matrix and for a fused launch of three (row
+    // counts 1, 7 and 33), on one-level and two-level activations.
     let Some(g) = gpu() else { return };
-    for dtype in TYPES {
+    for (dtype, batch_kernel, two_level) in TYPES
+        .iter()
+        .flat_map(|&d| [(true, false), (false, false), (true, true)].map(|(b, t)| (d, b, t)))
+    {
+        g.set_gemv_batch(batch_kernel);
         let cols = shapes(dtype)[1].1;
         let mats: Vec<_> = [1usize, 7, 33]
             .iter()
             .map(|&rows| {
                 let src = quantized(dtype, rows, cols, 5 * rows as u64 + cols as u64);
-                g.upload_packed(&layout::pack(dtype, &src, rows, cols).unwrap())
-                    .unwrap()
+                let mut m = g
+                    .upload_packed(&layout::pack(dtype, &src, rows, cols).unwrap())
+                    .unwrap();
+                m.two_level = two_level;
+                m
             })
             .collect();
-        for n in [2usize, 7, 15] {
+        for n in [2usize, 7, 8, 9, 15] {
             let x = randn(n * cols, n as u64 + 7);
             let run = |x: &[f32], n: usize, fused: bool| -> Vec<Vec<f32>> {
                 let xa = g.act(n, cols).unwrap();
@@ -199,13 +208,15 @@ fn batched_gemv_gives_each_token_its_one_token_bits() {
                             got.iter()
                                 .zip(&alone[i])
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{dtype:?} cols {cols} n {n} token {t} matrix {i} fused {fused}"
+                            "{dtype:?} cols {cols} n {n} token {t} matrix {i} fused {fused} \
+                             batch kernel {batch_kernel} two-level {two_level}"
                         );
                     }
                 }
             }
         }
     }
+    g.set_gemv_batch(true);
 }
 
 #[test]

@@ -25,7 +25,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 22;
+pub(crate) const MAX_ARGS: usize = 23;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -146,6 +146,15 @@ macro_rules! kernels {
 pub(crate) const GEMV: [&str; 6] = [
     "gemv_q4k", "gemv_q41", "gemv_q80", "gemv_q50", "gemv_q6k", "gemv_f16",
 ];
+/// `gemv_batch_<format>` (a decode batch, up to 8 tokens per weight load), likewise.
+pub(crate) const GEMV_BATCH: [&str; 6] = [
+    "gemv_batch_q4k",
+    "gemv_batch_q41",
+    "gemv_batch_q80",
+    "gemv_batch_q50",
+    "gemv_batch_q6k",
+    "gemv_batch_f16",
+];
 /// `dequant_<format>`, likewise.
 pub(crate) const DEQUANT: [&str; 6] = [
     "dequant_q4k",
@@ -261,6 +270,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "gemv_q50",
     "gemv_q6k",
     "gemv_f16",
+    "gemv_batch_q4k",
+    "gemv_batch_q41",
+    "gemv_batch_q80",
+    "gemv_batch_q50",
+    "gemv_batch_q6k",
+    "gemv_batch_f16",
     "dequant_q4k",
     "dequant_q41",
     "dequant_q80",
@@ -366,6 +381,11 @@ kernels! {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
         acc: bool,
     }
+    /// [`Gemv`] for `n_tok` (2..16) tokens, each weight unit loaded once per 8 tokens.
+    GemvBatch in GEMV_BATCH {
+        mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
+        acc: bool, n_tok: i32,
+    }
     /// Rows of a matrix dequantized to f32 and/or bf16.
     Dequant in DEQUANT {
         w: Ptr, off1: u64, off2: u64, rows: i32, cols: i32, ids: Ptr, out_f32: Ptr,
@@ -467,6 +487,7 @@ mod tests {
     fn every_family_member_is_listed() {
         for list in [
             &GEMV[..],
+            &GEMV_BATCH,
             &DEQUANT,
             &MMQ,
             &ATTN_SPLIT,

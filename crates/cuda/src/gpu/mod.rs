@@ -44,13 +44,15 @@ use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
 /// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
-/// `flash.cu` (the tensor-core prompt attention) and `paged.cu` (the attention kernels of a
-/// batched pass over the shared paged KV pool, built from the other files' device functions).
+/// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
+/// batched pass over the shared paged KV pool, built from the other files' device functions)
+/// and `gemv_batch.cu` (the GEMV of a decode batch).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
     include_str!("../../kernels/mmq.cu"),
     include_str!("../../kernels/flash.cu"),
-    include_str!("../../kernels/paged.cu")
+    include_str!("../../kernels/paged.cu"),
+    include_str!("../../kernels/gemv_batch.cu")
 );
 
 /// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
@@ -78,6 +80,9 @@ pub struct Gpu {
     /// `DAMASCUS_CUDA_MMQ=1`: prompt matmuls run the int8 MMQ kernels on the quantized weights
     /// instead of cuBLAS on a bf16 copy (where the format has one and the shape fits).
     mmq_enabled: AtomicBool,
+    /// Decode batches of 2..GEMM_MIN_TOKENS tokens on `gemv_batch` (one weight load per 8
+    /// tokens) instead of the one-token GEMV per token (`DAMASCUS_CUDA_GEMV_BATCH=0` off).
+    gemv_batch_enabled: AtomicBool,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
@@ -248,6 +253,8 @@ impl Gpu {
         let graphs_enabled =
             !profile && std::env::var("DAMASCUS_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let mmq_enabled = std::env::var("DAMASCUS_CUDA_MMQ").is_ok_and(|v| v == "1");
+        let gemv_batch_enabled =
+            std::env::var("DAMASCUS_CUDA_GEMV_BATCH").map_or(true, |v| v != "0");
         let flash_enabled =
             flash_ok && std::env::var("DAMASCUS_CUDA_FLASH").map_or(true, |v| v != "0");
         Ok(Arc::new(Gpu {
@@ -259,6 +266,7 @@ impl Gpu {
             rec: Mutex::new(Recorder::new(inputs)),
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
+            gemv_batch_enabled: AtomicBool::new(gemv_batch_enabled),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,

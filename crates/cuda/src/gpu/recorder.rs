@@ -152,6 +152,13 @@ impl Gpu {
         self.mmq_enabled.store(on, Ordering::Relaxed);
     }
 
+    /// Turns the decode-batch GEMV (`gemv_batch`, one weight load per 8 tokens) on or off
+    /// (`DAMASCUS_CUDA_GEMV_BATCH=0` starts with it off: one-token GEMV blocks per token).
+    /// Either way a token gets the bits of its own pass.
+    pub fn set_gemv_batch(&self, on: bool) {
+        self.gemv_batch_enabled.store(on, Ordering::Relaxed);
+    }
+
     /// Turns two-level q8 activations for the GEMVs of [`DevMatrix::two_level`] matrices on or
     /// off (the CPU's `KernelSettings::two_level_qkv`; on by default). The second level
     /// quantizes what the first misses (`x ≈ d₁q₁ + d₂q₂`), at twice the dp4a work of those
