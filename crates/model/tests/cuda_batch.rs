@@ -26,7 +26,7 @@ use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::host_argmax;
 use damascus_model::batch::{PagedCache, SeqInput};
 use damascus_model::kv_pool::{BlockPool, BlockTable};
-use damascus_model::{LoadOptions, Model};
+use damascus_model::{BackendKind, LoadOptions, Model};
 use damascus_quant::recipe::Mix;
 
 /// The server's block size.
@@ -247,4 +247,25 @@ fn default_model_gives_the_same_tokens_alone_and_batched() {
     let m = cuda_model(Arc::new(GgufFile::open(p).unwrap()));
     check(&m, 15, 24, "SmolLM2 Q4_1, budget 24");
     check(&m, 10, 15, "SmolLM2 Q4_1, budget 15");
+}
+
+#[test]
+fn layer_split_batches_too() {
+    // `--ngl 1` on the two-layer tiny-llama3: embeddings, layer 0 and the LM head on the CPU,
+    // layer 1 on the GPU, both sides over their own layers of the shared pool.
+    if !common::cuda_device() {
+        return;
+    }
+    let opts = LoadOptions {
+        n_ctx: Some(256),
+        backend: BackendKind::Cuda {
+            device: 0,
+            n_gpu_layers: Some(1),
+            n_threads: Some(2),
+        },
+        ..Default::default()
+    };
+    let m = Model::from_file(common::tiny(Mix::Q4_K_M, "Q4_K_M"), &opts).unwrap();
+    assert!(m.supports_batches(), "{}", m.backend_name());
+    check(&m, 15, 24, "tiny-llama3 Q4_K_M, --ngl 1");
 }
