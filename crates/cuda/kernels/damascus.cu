@@ -230,28 +230,19 @@ extern "C" __global__ void rope(float* x, const u32* inputs, const float* inv_fr
     head[b] = x0 * sn + x1 * cs;
 }
 
-// RoPE fused with the KV-cache write: rotates q [n_tok, n_head, head_dim] in place, and writes
-// k (rotated) and v [n_tok, n_kv, head_dim] into one layer's f16 cache [n_kv][n_ctx][head_dim]
-// at positions inputs[0] + t. One thread per element pair of a head: pair i < half is a
-// rotated pair ((i, i + half) with neox, else (2i, 2i + 1)); the rest pass through unrotated
-// (dims 2 * half.. of a partial rotary; half = 0 stores k and v as they are). Threads cover
-// the q heads, then the kv heads.
-extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16* kc, u16* vc,
-                                   const u32* inputs, const float* inv_freq, int n_tok,
-                                   int n_head, int n_kv, int head_dim, int half, int neox,
-                                   int n_ctx) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    int pairs = head_dim >> 1;
-    int per_tok = (n_head + n_kv) * pairs;
-    if (idx >= n_tok * per_tok) return;
-    int t = idx / per_tok;
-    int r = idx - t * per_tok;
-    int h = r / pairs;
-    int i = r - h * pairs;
+// RoPE fused with the KV-cache write, for one element pair: pair i of head h of token t (at
+// position `pos`, its keys and values going to cache slot `slot`). Pair i < half is a rotated
+// pair ((i, i + half) with neox, else (2i, 2i + 1)); the rest pass through unrotated (dims
+// 2 * half.. of a partial rotary; half = 0 stores k and v as they are). Heads h < n_head are
+// q heads (rotated in place), the rest kv heads (k rotated and v copied into the cache).
+__device__ __forceinline__ void rope_kv_pair(float* q, const float* k, const float* v, u16* kc,
+                                             u16* vc, const float* inv_freq, int t, int h,
+                                             int i, u32 pos, u32 slot, int n_head, int n_kv,
+                                             int head_dim, int half, int neox, int n_ctx) {
     int a, b;
     float sn = 0.0f, cs = 1.0f;
     if (i < half) {
-        double theta = (double)(inputs[0] + t) * (double)inv_freq[i];
+        double theta = (double)pos * (double)inv_freq[i];
         double ds, dc;
         sincos(theta, &ds, &dc);
         sn = (float)ds;
@@ -273,11 +264,32 @@ extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16
     h -= n_head;
     u64 src = ((u64)t * n_kv + h) * head_dim;
     float x0 = k[src + a], x1 = k[src + b];
-    u64 dst = ((u64)h * n_ctx + inputs[0] + t) * head_dim;
+    u64 dst = ((u64)h * n_ctx + slot) * head_dim;
     kc[dst + a] = f2h(x0 * cs - x1 * sn);
     kc[dst + b] = f2h(x0 * sn + x1 * cs);
     vc[dst + a] = f2h(v[src + a]);
     vc[dst + b] = f2h(v[src + b]);
+}
+
+// RoPE fused with the KV-cache write: rotates q [n_tok, n_head, head_dim] in place, and writes
+// k (rotated) and v [n_tok, n_kv, head_dim] into one layer's f16 cache [n_kv][n_ctx][head_dim]
+// at positions (= slots) inputs[0] + t. One thread per element pair of a head
+// (`rope_kv_pair`); threads cover the q heads, then the kv heads.
+extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16* kc, u16* vc,
+                                   const u32* inputs, const float* inv_freq, int n_tok,
+                                   int n_head, int n_kv, int head_dim, int half, int neox,
+                                   int n_ctx) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int pairs = head_dim >> 1;
+    int per_tok = (n_head + n_kv) * pairs;
+    if (idx >= n_tok * per_tok) return;
+    int t = idx / per_tok;
+    int r = idx - t * per_tok;
+    int h = r / pairs;
+    int i = r - h * pairs;
+    u32 p = inputs[0] + t;
+    rope_kv_pair(q, k, v, kc, vc, inv_freq, t, h, i, p, p, n_head, n_kv, head_dim, half, neox,
+                 n_ctx);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -373,9 +385,10 @@ __device__ void dequant_rows(const u8* w, u64 off1, u64 off2, int rows, int cols
 }
 
 // ---------------------------------------------------------------------------------------
-// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block,
-// blockIdx.y = token. Each lane takes "units" (a fixed slice of the row's blocks) in turn;
-// quantized formats use dp4a against the q8 shadow, f16 uses the f32 activations.
+// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block, blocks
+// (row block, token) flattened token-fastest on x. Each lane takes "units" (a fixed slice of
+// the row's blocks) in turn; quantized formats use dp4a against the q8 shadow, f16 uses the
+// f32 activations.
 
 // A unit is 16 bytes of quants: 16 weights of sub-block 2j and 16 of 2j + 1 (half h of each).
 // The min term needs the sum of x over a whole 32-block, which the q8 shadow carries (ds.y =
@@ -590,7 +603,13 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
                      const float* xf, const i8* xq2, const float2* xds2, int acc) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
-    int blk = blockIdx.x;
+    int nb2 = (rows2 + rpb - 1) / rpb;
+    // Grid x = (row block, token) with the token fastest: the blocks of one row block for
+    // every token run side by side, so a batch of decode tokens reads each weight row from
+    // DRAM once (L2 serves the other tokens). A token's sums are the one-token kernel's.
+    int n_tok = gridDim.x / (nb0 + nb1 + nb2);
+    int blk = blockIdx.x / n_tok;
+    u64 t = blockIdx.x - (u64)blk * n_tok;
     const u8* w = w0;
     u64 off1 = a0, off2 = b0;
     int rows = rows0;
@@ -604,7 +623,6 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
     }
     int row = blk * rpb + (threadIdx.x >> 5);
     if (row >= rows) return;
-    u64 t = blockIdx.y;
     float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
                            xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
                            xq2 ? xds2 + t * (cols >> 5) : nullptr);
@@ -653,6 +671,23 @@ __device__ __forceinline__ int att_lo(int p, int window) {
     return window > 0 ? max(0, p - window + 1) : 0;
 }
 
+// The cache slot of position p: p itself in a sequence's private cache, else through its block
+// table (position p in block table[p / bs], `bs` slots per block) in the shared paged pool.
+template <bool PAGED>
+__device__ __forceinline__ u32 kv_slot(int p, const u32* table, int bs) {
+    if (!PAGED) return (u32)p;
+    return table[p / bs] * (u32)bs + (u32)(p % bs);
+}
+
+// Positions per decode split for n_pos cached positions: the host's `decode_chunk`
+// (next power of two of n_pos / 64, clamped to [ATT_CHUNK_MIN, ATT_CHUNK_MAX]), so a paged
+// row splits exactly as it would alone.
+__device__ __forceinline__ int att_chunk(int n_pos) {
+    int want = n_pos / 64, c = 1;
+    while (c < want) c <<= 1;
+    return min(max(c, ATT_CHUNK_MIN), ATT_CHUNK_MAX);
+}
+
 // s[g] += q_g · k for every query head g of a group: k one f16 key row, q [G][D] in shared
 // memory (already scaled).
 template <int D, int G>
@@ -680,10 +715,11 @@ __device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], 
 // position groups of 2 * ATT_THREADS / D threads summed in a fixed order through shared memory
 // (deterministic: a graph replay gives the eager launch's bits).
 // part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
-template <int D, int G>
+template <int D, int G, bool PAGED>
 __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
                            float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
-                           int chunk, float scale, int window, float* sm) {
+                           int chunk, float scale, int window, float* sm, const u32* table,
+                           int bs) {
     // Scores: TPP threads per position, DPT (a multiple of 8) dims each, PPI positions at a time.
     const int TPP = D % 64 == 0 ? 8 : (D % 32 == 0 ? 4 : 2);
     const int DPT = D / TPP;
@@ -709,7 +745,7 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
         float s[G];
         _Pragma("unroll") for (int g = 0; g < G; g++) s[g] = 0.0f;
         if (pp < n_here) {
-            const u16* kr = kb + (u64)(p0 + pp) * D + part * DPT;
+            const u16* kr = kb + (u64)kv_slot<PAGED>(p0 + pp, table, bs) * D + part * DPT;
             _Pragma("unroll") for (int i = 0; i < DPT; i += 8) {
                 uint4 kv = *(const uint4*)(kr + i);
                 u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
@@ -748,7 +784,7 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
     float o0[G], o1[G];
     _Pragma("unroll") for (int g = 0; g < G; g++) o0[g] = o1[g] = 0.0f;
     _Pragma("unroll 4") for (int p = skip + pg; pg < NPG && p < n_here; p += NPG) {
-        u32 vw = *(const u32*)(vb + (u64)(p0 + p) * D + d);
+        u32 vw = *(const u32*)(vb + (u64)kv_slot<PAGED>(p0 + p, table, bs) * D + d);
         float v0 = h2f((u16)(vw & 0xFFFF)), v1 = h2f((u16)(vw >> 16));
         _Pragma("unroll") for (int g = 0; g < G; g++) {
             float e = sc[g][p];
@@ -803,10 +839,10 @@ __device__ void attn_combine(const float* part_o, const float2* part_ml, const u
 // chunks (lane per position for the scores, lane per dims for the values). Token t sits at
 // position inputs[0] + t and sees positions att_lo..=that. q [n_tok, n_head, D], out
 // likewise; 4 warps per block.
-template <int D, int G>
+template <int D, int G, bool PAGED>
 __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const u32* inputs,
                              float* out, int n_tok, int n_head, int n_ctx, float scale,
-                             int window, float* sm) {
+                             int window, float* sm, const u32* table, int bs) {
     const int group = G;
     const int PER = (D + 31) / 32;  // dims per lane (lanes past D idle when D < 32)
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -835,7 +871,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         float s[G];
         _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
         if (ok) {
-            key_scores<D, G>(kb + (u64)p * D, qs, s);
+            key_scores<D, G>(kb + (u64)kv_slot<PAGED>(p, table, bs) * D, qs, s);
         }
         int n_here = min(32, n_pos - p0);
         _Pragma("unroll") for (int g = 0; g < group; g++) {
@@ -850,7 +886,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
             for (int j = 0; j < n_here; j++) {
                 float ej = __shfl_sync(FULL, e, j);
                 if (ej == 0.0f) continue;
-                const u16* vr = vb + (u64)(p0 + j) * D;
+                const u16* vr = vb + (u64)kv_slot<PAGED>(p0 + j, table, bs) * D;
                 if (lane_ok)
                     for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
             }
@@ -876,6 +912,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
 
 // `group` (1..=MAX_GROUP, checked on the host) picks the instantiation. Shared memory is
 // declared once per kernel, sized for MAX_GROUP (each instantiation's own arrays would add up).
+// The paged twins (over the server's shared pool) are in paged.cu.
 #define INSTANTIATE_ATTN(D)                                                                    \
     extern "C" __global__ void attn_split_##D(const float* q, const u16* kc, const u16* vc,    \
                                               const u32* inputs, float* part_o,                \
@@ -883,6 +920,8 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                                               int n_ctx, int n_split, int chunk, float scale,  \
                                               int window) {                                    \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
+        const u32* table = nullptr;                                                            \
+        int bs = 1;                                                                            \
         ATT_GROUPS(SPLIT_##D)                                                                  \
     }                                                                                          \
     extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \
@@ -896,23 +935,25 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                                                 int n_head, int group, int n_ctx,              \
                                                 float scale, int window) {                     \
         __shared__ float sm[4 * MAX_GROUP * D];                                                \
+        const u32* table = nullptr;                                                            \
+        int bs = 1;                                                                            \
         ATT_GROUPS(PREFILL_##D)                                                                \
     }
 
-#define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm
-#define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm
-#define SPLIT_16(G) attn_split<16, G>(SPLIT_ARGS)
-#define SPLIT_32(G) attn_split<32, G>(SPLIT_ARGS)
-#define SPLIT_96(G) attn_split<96, G>(SPLIT_ARGS)
-#define SPLIT_64(G) attn_split<64, G>(SPLIT_ARGS)
-#define SPLIT_128(G) attn_split<128, G>(SPLIT_ARGS)
-#define SPLIT_256(G) attn_split<256, G>(SPLIT_ARGS)
-#define PREFILL_16(G) attn_prefill<16, G>(PREFILL_ARGS)
-#define PREFILL_32(G) attn_prefill<32, G>(PREFILL_ARGS)
-#define PREFILL_96(G) attn_prefill<96, G>(PREFILL_ARGS)
-#define PREFILL_64(G) attn_prefill<64, G>(PREFILL_ARGS)
-#define PREFILL_128(G) attn_prefill<128, G>(PREFILL_ARGS)
-#define PREFILL_256(G) attn_prefill<256, G>(PREFILL_ARGS)
+#define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm, table, bs
+#define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm, table, bs
+#define SPLIT_16(G) attn_split<16, G, false>(SPLIT_ARGS)
+#define SPLIT_32(G) attn_split<32, G, false>(SPLIT_ARGS)
+#define SPLIT_96(G) attn_split<96, G, false>(SPLIT_ARGS)
+#define SPLIT_64(G) attn_split<64, G, false>(SPLIT_ARGS)
+#define SPLIT_128(G) attn_split<128, G, false>(SPLIT_ARGS)
+#define SPLIT_256(G) attn_split<256, G, false>(SPLIT_ARGS)
+#define PREFILL_16(G) attn_prefill<16, G, false>(PREFILL_ARGS)
+#define PREFILL_32(G) attn_prefill<32, G, false>(PREFILL_ARGS)
+#define PREFILL_96(G) attn_prefill<96, G, false>(PREFILL_ARGS)
+#define PREFILL_64(G) attn_prefill<64, G, false>(PREFILL_ARGS)
+#define PREFILL_128(G) attn_prefill<128, G, false>(PREFILL_ARGS)
+#define PREFILL_256(G) attn_prefill<256, G, false>(PREFILL_ARGS)
 
 INSTANTIATE_ATTN(16)
 INSTANTIATE_ATTN(32)

@@ -57,11 +57,12 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-template <int D, int BK>
+// PAGED: keys and values of position p sit in slot kv_slot(p, table, bs) of the shared pool.
+template <int D, int BK, bool PAGED>
 __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const u16* vc,
                                            const u32* inputs, float* out, int n_tok,
                                            int n_head, int group, int n_ctx, float scale,
-                                           int window) {
+                                           int window, const u32* table, int bs) {
     const int S = D + 8;  // shared row stride, halfs
     const int NT = D / 8;  // output n-tiles
     const int ST = BK / 8;  // score n-tiles
@@ -118,7 +119,7 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
             int r = i / (D / 8), c = (i % (D / 8)) * 8;
             int p = kt0 + r;
             bool ok = p <= p_hi;
-            u64 off = (u64)(ok ? p : 0) * D + c;
+            u64 off = (u64)(ok ? kv_slot<PAGED>(p, table, bs) : 0) * D + c;
             cp_async16(dk + r * S + c, kb + off, ok);
             cp_async16(dv + r * S + c, vb + off, ok);
         }
@@ -220,7 +221,8 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
         attn_flash_##D(const float* q, const u16* kc, const u16* vc, const u32* inputs,        \
                        float* out, int n_tok, int n_head, int group, int n_ctx, float scale,   \
                        int window) {                                                           \
-        attn_flash<D, BK>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx, scale, window); \
+        attn_flash<D, BK, false>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx, scale,   \
+                                 window, nullptr, 1);                                          \
     }
 
 INSTANTIATE_FLASH(16, 64)

@@ -17,7 +17,10 @@ pub mod layout;
 
 pub use error::CudaError;
 #[cfg(feature = "cuda")]
-pub use gpu::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, GEMM_MIN_TOKENS, Gpu, decode_chunk};
+pub use gpu::{
+    AttnParams, DevAct, DevKv, DevMatrix, DevVec, GEMM_MIN_TOKENS, Gpu, PagedSeq, decode_chunk,
+    decode_splits_bound,
+};
 
 /// Whether this build has the GPU code (the `cuda` feature).
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

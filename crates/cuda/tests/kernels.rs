@@ -155,6 +155,71 @@ fn gemv_and_gemm_match_host_dot_products() {
 }
 
 #[test]
+fn batched_gemv_gives_each_token_its_one_token_bits() {
+    // A decode batch of n < GEMM_MIN_TOKENS tokens runs `gemv_batch` (up to 8 tokens per
+    // weight load; its twin is the one-token GEMV), or with it off the one-token GEMV with
+    // blocks ordered (row block, token): either way every token must get the bits a pass of
+    // its own gives (batch invariance), for one matrix and for a fused launch of three (row
+    // counts 1, 7 and 33), on one-level and two-level activations.
+    let Some(g) = gpu() else { return };
+    for (dtype, batch_kernel, two_level) in TYPES
+        .iter()
+        .flat_map(|&d| [(true, false), (false, false), (true, true)].map(|(b, t)| (d, b, t)))
+    {
+        g.set_gemv_batch(batch_kernel);
+        let cols = shapes(dtype)[1].1;
+        let mats: Vec<_> = [1usize, 7, 33]
+            .iter()
+            .map(|&rows| {
+                let src = quantized(dtype, rows, cols, 5 * rows as u64 + cols as u64);
+                let mut m = g
+                    .upload_packed(&layout::pack(dtype, &src, rows, cols).unwrap())
+                    .unwrap();
+                m.two_level = two_level;
+                m
+            })
+            .collect();
+        for n in [2usize, 7, 8, 9, 15] {
+            let x = randn(n * cols, n as u64 + 7);
+            let run = |x: &[f32], n: usize, fused: bool| -> Vec<Vec<f32>> {
+                let xa = g.act(n, cols).unwrap();
+                let outs: Vec<_> = mats.iter().map(|m| g.act(n, m.rows).unwrap()).collect();
+                g.write(&xa, x).unwrap();
+                g.begin(n, 0).unwrap();
+                if fused {
+                    let pairs: Vec<_> = mats.iter().zip(&outs).collect();
+                    g.matmuls(&xa, &pairs, false).unwrap();
+                } else {
+                    g.matmul(&mats[2], &xa, &outs[2]).unwrap();
+                }
+                g.end().unwrap();
+                outs.iter().map(|o| g.read(o).unwrap()).collect()
+            };
+            for fused in [false, true] {
+                let batched = run(&x, n, fused);
+                for t in 0..n {
+                    let alone = run(&x[t * cols..(t + 1) * cols], 1, fused);
+                    for (i, m) in mats.iter().enumerate() {
+                        if !fused && i != 2 {
+                            continue;
+                        }
+                        let got = &batched[i][t * m.rows..(t + 1) * m.rows];
+                        assert!(
+                            got.iter()
+                                .zip(&alone[i])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{dtype:?} cols {cols} n {n} token {t} matrix {i} fused {fused} \
+                             batch kernel {batch_kernel} two-level {two_level}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    g.set_gemv_batch(true);
+}
+
+#[test]
 fn two_level_gemv_is_within_the_second_levels_rounding() {
     // Two-level q8 activations (the Q/K/V projections): x ≈ d₁q₁ + d₂q₂, so the dot is off by
     // the second level's rounding, about 1/254 of one level's (q8_bound), plus f32 sums.

@@ -49,6 +49,9 @@ pub struct KernelSettings {
     pub cuda_mmq: bool,
     /// CUDA: prompt attention on tensor cores. `DAMASCUS_CUDA_FLASH` (0: off).
     pub cuda_flash: bool,
+    /// CUDA: decode batches of 2..16 tokens on the batched GEMV (one weight load per 8
+    /// tokens). `DAMASCUS_CUDA_GEMV_BATCH` (0: off).
+    pub cuda_gemv_batch: bool,
     /// CUDA: per-op GPU times (eager launches, no graphs), printed when the device is
     /// dropped. `DAMASCUS_CUDA_PROFILE` (1: on).
     pub cuda_profile: bool,
@@ -71,6 +74,7 @@ impl Default for KernelSettings {
             cuda_graphs: true,
             cuda_mmq: false,
             cuda_flash: true,
+            cuda_gemv_batch: true,
             cuda_profile: false,
         }
     }
@@ -100,7 +104,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 15] = [
+    pub const VARS: [(&'static str, &'static str); 16] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -129,6 +133,10 @@ impl KernelSettings {
         (
             "DAMASCUS_CUDA_FLASH",
             "0: CUDA prompt attention on CUDA cores",
+        ),
+        (
+            "DAMASCUS_CUDA_GEMV_BATCH",
+            "0: CUDA decode batches on one-token GEMVs",
         ),
         ("DAMASCUS_CUDA_PROFILE", "1: per-op CUDA profile on stderr"),
     ];
@@ -177,6 +185,7 @@ impl KernelSettings {
             cuda_graphs: !off("DAMASCUS_CUDA_GRAPHS"),
             cuda_mmq: val("DAMASCUS_CUDA_MMQ").is_some_and(|v| v == "1"),
             cuda_flash: !off("DAMASCUS_CUDA_FLASH"),
+            cuda_gemv_batch: !off("DAMASCUS_CUDA_GEMV_BATCH"),
             cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
         })
     }

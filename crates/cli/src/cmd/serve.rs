@@ -52,7 +52,7 @@ pub struct Args {
     /// Sequences generated at once, batched into one forward pass per step (continuous
     /// batching). They share one KV cache of -c positions: -c is the total, as llama-server's
     /// unified cache (one sequence may use up to the model's context); full prompt blocks are
-    /// reused across requests (prefix cache). CUDA: one KV cache of -c per slot.
+    /// reused across requests (prefix cache). CPU and CUDA alike.
     #[arg(long, default_value_t = 2)]
     parallel: usize,
     /// Most tokens per forward pass: the decoding sequences' tokens, then prompt chunks (long

@@ -14,13 +14,13 @@ use super::ops::div_ceil_u32;
 use crate::error::CudaError;
 
 /// Threads of a decode split block (the kernel's `ATT_THREADS`).
-const ATT_THREADS: u32 = 256;
+pub(super) const ATT_THREADS: u32 = 256;
 /// Most positions per decode split (the kernel's `ATT_CHUNK_MAX`).
 const ATT_CHUNK_MAX: usize = 256;
 /// Query rows (token x head-of-group pairs) per flash block, and its threads (the kernel's
 /// `FA_ROWS`, four warps of 16 rows).
-const FA_ROWS: usize = 64;
-const FA_THREADS: u32 = 128;
+pub(super) const FA_ROWS: usize = 64;
+pub(super) const FA_THREADS: u32 = 128;
 
 /// Options of one attention call beyond its shapes.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -117,6 +117,9 @@ pub struct DevKv {
     pub(super) max_split: usize,
     pub(super) part_o: DevBuf,  // [n_head][max_split][head_dim] f32
     pub(super) part_ml: DevBuf, // [n_head][max_split] float2
+    /// The partials of a batched pass's decode rows (`paged`), grown on demand:
+    /// `[n_dec][n_head][n_split][head_dim]` f32 and `[n_dec][n_head][n_split]` float2.
+    pub(super) paged_part: Option<(DevBuf, DevBuf)>,
 }
 
 impl Gpu {
@@ -256,6 +259,7 @@ impl Gpu {
             max_split,
             part_o: self.alloc(n_head * max_split * head_dim * 4)?,
             part_ml: self.alloc(n_head * max_split * 8)?,
+            paged_part: None,
         })
     }
 

@@ -25,7 +25,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 22;
+pub(crate) const MAX_ARGS: usize = 23;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -146,6 +146,15 @@ macro_rules! kernels {
 pub(crate) const GEMV: [&str; 6] = [
     "gemv_q4k", "gemv_q41", "gemv_q80", "gemv_q50", "gemv_q6k", "gemv_f16",
 ];
+/// `gemv_batch_<format>` (a decode batch, up to 8 tokens per weight load), likewise.
+pub(crate) const GEMV_BATCH: [&str; 6] = [
+    "gemv_batch_q4k",
+    "gemv_batch_q41",
+    "gemv_batch_q80",
+    "gemv_batch_q50",
+    "gemv_batch_q6k",
+    "gemv_batch_f16",
+];
 /// `dequant_<format>`, likewise.
 pub(crate) const DEQUANT: [&str; 6] = [
     "dequant_q4k",
@@ -195,6 +204,41 @@ pub(crate) const ATTN_FLASH: [&str; 6] = [
     "attn_flash_256",
 ];
 
+/// The paged twins of the attention kernels (a batched pass over the shared pool,
+/// `kernels/paged.cu`), indexed by [`head_variant`].
+pub(crate) const ATTN_SPLIT_PAGED: [&str; 6] = [
+    "attn_split_paged_16",
+    "attn_split_paged_32",
+    "attn_split_paged_64",
+    "attn_split_paged_96",
+    "attn_split_paged_128",
+    "attn_split_paged_256",
+];
+pub(crate) const ATTN_COMBINE_PAGED: [&str; 6] = [
+    "attn_combine_paged_16",
+    "attn_combine_paged_32",
+    "attn_combine_paged_64",
+    "attn_combine_paged_96",
+    "attn_combine_paged_128",
+    "attn_combine_paged_256",
+];
+pub(crate) const ATTN_PREFILL_PAGED: [&str; 6] = [
+    "attn_prefill_paged_16",
+    "attn_prefill_paged_32",
+    "attn_prefill_paged_64",
+    "attn_prefill_paged_96",
+    "attn_prefill_paged_128",
+    "attn_prefill_paged_256",
+];
+pub(crate) const ATTN_FLASH_PAGED: [&str; 6] = [
+    "attn_flash_paged_16",
+    "attn_flash_paged_32",
+    "attn_flash_paged_64",
+    "attn_flash_paged_96",
+    "attn_flash_paged_128",
+    "attn_flash_paged_256",
+];
+
 /// The variant of a per-head-size attention kernel ([`HEAD_DIMS`]), `None` for other sizes.
 pub(crate) fn head_variant(head_dim: usize) -> Option<usize> {
     HEAD_DIMS.iter().position(|&d| d == head_dim)
@@ -226,6 +270,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "gemv_q50",
     "gemv_q6k",
     "gemv_f16",
+    "gemv_batch_q4k",
+    "gemv_batch_q41",
+    "gemv_batch_q80",
+    "gemv_batch_q50",
+    "gemv_batch_q6k",
+    "gemv_batch_f16",
     "dequant_q4k",
     "dequant_q41",
     "dequant_q80",
@@ -256,6 +306,31 @@ pub(crate) const KERNELS: &[&str] = &[
     "attn_combine_256",
     "attn_prefill_256",
     "attn_flash_256",
+    "rope_kv_paged",
+    "attn_split_paged_16",
+    "attn_split_paged_32",
+    "attn_split_paged_64",
+    "attn_split_paged_96",
+    "attn_split_paged_128",
+    "attn_split_paged_256",
+    "attn_combine_paged_16",
+    "attn_combine_paged_32",
+    "attn_combine_paged_64",
+    "attn_combine_paged_96",
+    "attn_combine_paged_128",
+    "attn_combine_paged_256",
+    "attn_prefill_paged_16",
+    "attn_prefill_paged_32",
+    "attn_prefill_paged_64",
+    "attn_prefill_paged_96",
+    "attn_prefill_paged_128",
+    "attn_prefill_paged_256",
+    "attn_flash_paged_16",
+    "attn_flash_paged_32",
+    "attn_flash_paged_64",
+    "attn_flash_paged_96",
+    "attn_flash_paged_128",
+    "attn_flash_paged_256",
     "mmq_q4k",
     "mmq_q41",
     "mmq_q80",
@@ -306,6 +381,11 @@ kernels! {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
         acc: bool,
     }
+    /// [`Gemv`] for `n_tok` (2..16) tokens, each weight unit loaded once per 8 tokens.
+    GemvBatch in GEMV_BATCH {
+        mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
+        acc: bool, n_tok: i32,
+    }
     /// Rows of a matrix dequantized to f32 and/or bf16.
     Dequant in DEQUANT {
         w: Ptr, off1: u64, off2: u64, rows: i32, cols: i32, ids: Ptr, out_f32: Ptr,
@@ -335,6 +415,32 @@ kernels! {
     AttnFlash in ATTN_FLASH {
         q: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, out: Ptr, n_tok: i32, n_head: i32, group: i32,
         n_ctx: i32, scale: f32, window: i32,
+    }
+    /// `rope_kv` of a batched pass: row t at position `pos[t]`, written to cache slot
+    /// `slot[t]`.
+    RopeKvPaged = "rope_kv_paged" {
+        q: Ptr, k: Ptr, v: Ptr, kc: Ptr, vc: Ptr, pos: Ptr, slot: Ptr, inv_freq: Ptr, n_tok: i32,
+        n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
+    }
+    /// Decode attention of the decode rows of a batched pass (`bat`: the batch table).
+    AttnSplitPaged in ATTN_SPLIT_PAGED {
+        q: Ptr, kc: Ptr, vc: Ptr, bat: Ptr, part_o: Ptr, part_ml: Ptr, n_head: i32, group: i32,
+        n_ctx: i32, n_split: i32, scale: f32, window: i32, bs: i32, n_tok: i32,
+    }
+    /// Merges the splits of [`AttnSplitPaged`] into the decode rows of out.
+    AttnCombinePaged in ATTN_COMBINE_PAGED {
+        part_o: Ptr, part_ml: Ptr, bat: Ptr, out: Ptr, q: Ptr, ds: Ptr, n_head: i32,
+        n_split: i32, do_q: bool, window: i32, n_tok: i32,
+    }
+    /// CUDA-core prompt attention of one prompt chunk over its sequence's block table.
+    AttnPrefillPaged in ATTN_PREFILL_PAGED {
+        q: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, table: Ptr, bs: i32, out: Ptr, n_tok: i32,
+        n_head: i32, group: i32, n_ctx: i32, scale: f32, window: i32,
+    }
+    /// Tensor-core flash prompt attention of one prompt chunk over its block table.
+    AttnFlashPaged in ATTN_FLASH_PAGED {
+        q: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, table: Ptr, bs: i32, out: Ptr, n_tok: i32,
+        n_head: i32, group: i32, n_ctx: i32, scale: f32, window: i32,
     }
     /// Greedy pick per row.
     ArgmaxRows = "argmax_rows" { x: Ptr, width: i32, out: Ptr }
@@ -381,12 +487,17 @@ mod tests {
     fn every_family_member_is_listed() {
         for list in [
             &GEMV[..],
+            &GEMV_BATCH,
             &DEQUANT,
             &MMQ,
             &ATTN_SPLIT,
             &ATTN_COMBINE,
             &ATTN_PREFILL,
             &ATTN_FLASH,
+            &ATTN_SPLIT_PAGED,
+            &ATTN_COMBINE_PAGED,
+            &ATTN_PREFILL_PAGED,
+            &ATTN_FLASH_PAGED,
         ] {
             for k in list {
                 assert!(KERNELS.contains(k), "{k} missing from KERNELS");

@@ -4,7 +4,8 @@
 //! * `buffers`: device buffers, weights, activations and the KV cache;
 //! * `recorder`: the op recorder, flushes and decode graphs;
 //! * `profile`: per-op GPU times (`DAMASCUS_CUDA_PROFILE=1`);
-//! * `ops` and `attention`: the ops the model's backend records.
+//! * `ops` and `attention`: the ops the model's backend records;
+//! * `paged`: attention of a batched pass over a shared paged KV pool, and row gathers.
 //!
 //! Ops are not launched when called: they are *recorded* (kernel, grid, arguments) and run at
 //! the next flush: [`Gpu::read`] (a host read needs the results) or [`Gpu::end`] (the end of a
@@ -12,12 +13,15 @@
 //! graph: the recorded list is hashed, and a list seen before replays its instantiated graph
 //! instead of launching ~300 kernels one by one. Positions and token ids reach the kernels
 //! through a small device `inputs` buffer written before the flush, so the same graph serves
-//! every decode step of a sequence.
+//! every decode step of a sequence. A batched pass over the shared paged pool (`paged`) adds
+//! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
+//! rows only, on the GEMVs, is graphed the same way, one graph per batch size.
 
 mod attention;
 mod buffers;
 pub(crate) mod launch;
 mod ops;
+mod paged;
 mod profile;
 mod recorder;
 
@@ -31,6 +35,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 pub use attention::{AttnParams, decode_chunk};
 pub use buffers::{DevAct, DevBuf, DevKv, DevMatrix, DevVec};
+pub use paged::{PagedSeq, decode_splits_bound};
 
 use crate::error::CudaError;
 use launch::KERNELS;
@@ -38,12 +43,16 @@ use profile::Profile;
 use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
-/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers) and
-/// `flash.cu` (the tensor-core prompt attention).
+/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
+/// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
+/// batched pass over the shared paged KV pool, built from the other files' device functions)
+/// and `gemv_batch.cu` (the GEMV of a decode batch).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
     include_str!("../../kernels/mmq.cu"),
-    include_str!("../../kernels/flash.cu")
+    include_str!("../../kernels/flash.cu"),
+    include_str!("../../kernels/paged.cu"),
+    include_str!("../../kernels/gemv_batch.cu")
 );
 
 /// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
@@ -51,7 +60,7 @@ pub const SOURCE: &str = concat!(
 /// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
-/// Decode graphs kept per device (one per live sequence, in practice).
+/// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
 fn call<E: std::fmt::Display>(op: &str) -> impl FnOnce(E) -> CudaError + '_ {
@@ -71,6 +80,9 @@ pub struct Gpu {
     /// Prompt matmuls run the int8 MMQ kernels on the quantized weights
     /// instead of cuBLAS on a bf16 copy (where the format has one and the shape fits).
     mmq_enabled: AtomicBool,
+    /// Decode batches of 2..GEMM_MIN_TOKENS tokens on `gemv_batch` (one weight load per 8
+    /// tokens) instead of the one-token GEMV per token (on at first; [`Gpu::set_gemv_batch`]).
+    gemv_batch_enabled: AtomicBool,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
@@ -228,6 +240,7 @@ impl Gpu {
         for (i, &k) in KERNELS.iter().enumerate() {
             let f = module.load_function(k).map_err(call(k))?;
             if let Some(d) = k.strip_prefix("attn_flash_") {
+                let d = d.trim_start_matches("paged_");
                 // A device that cannot give the tiles their shared memory runs the CUDA-core
                 // prompt attention instead.
                 let smem = d.parse().map_or(0, attention::flash_smem);
@@ -245,6 +258,7 @@ impl Gpu {
         // Defaults; the backend applies its settings through the setters.
         let graphs_enabled = !profile;
         let mmq_enabled = false;
+        let gemv_batch_enabled = true;
         let flash_enabled = flash_ok;
         Ok(Arc::new(Gpu {
             _ctx: ctx,
@@ -255,6 +269,7 @@ impl Gpu {
             rec: Mutex::new(Recorder::new(inputs)),
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
+            gemv_batch_enabled: AtomicBool::new(gemv_batch_enabled),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,

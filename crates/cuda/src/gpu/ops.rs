@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use super::Gpu;
 use super::buffers::{DevAct, DevBuf, DevMatrix, DevVec, i32_dim};
 use super::launch::{
-    Add, AddBias, Dequant, Geglu, Gemv, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res, RmsNorm,
-    RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
+    Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res,
+    RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
 use crate::error::CudaError;
@@ -18,6 +18,8 @@ use crate::layout::Format;
 const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch takes.
 const GEMV_MATS: usize = 3;
+/// Tokens per weight load of the decode-batch GEMV (the kernel's `GB_TOK`).
+const GEMV_BATCH_TOK: usize = 8;
 /// Weight rows and tokens of one MMQ block's output tile (the kernel's `MMQ_ROWS`, `MMQ_TOK`).
 const MMQ_ROWS: usize = 64;
 const MMQ_TOK: usize = 64;
@@ -252,6 +254,33 @@ impl Gpu {
                 };
                 blocks += w.rows.div_ceil(GEMV_WARPS);
             }
+            let xq2 = if group.iter().any(|(w, _)| w.two_level) {
+                q2
+            } else {
+                Ptr::NULL
+            };
+            let block = [32 * GEMV_WARPS as u32, 1, 1];
+            if x.n > 1 && self.gemv_batch_enabled.load(Ordering::Relaxed) {
+                // (row block, token group of GEMV_BATCH_TOK), group fastest.
+                let grid = [(blocks * x.n.div_ceil(GEMV_BATCH_TOK)) as u32, 1, 1];
+                self.push(
+                    GemvBatch {
+                        variant: w0.format as usize,
+                        mats,
+                        cols: w0.cols as i32,
+                        xq: q,
+                        xds: ds,
+                        xf: x.x.ptr,
+                        xq2,
+                        xds2: ds2,
+                        acc,
+                        n_tok: x.n as i32,
+                    },
+                    grid,
+                    block,
+                );
+                continue;
+            }
             self.push(
                 Gemv {
                     variant: w0.format as usize,
@@ -260,16 +289,13 @@ impl Gpu {
                     xq: q,
                     xds: ds,
                     xf: x.x.ptr,
-                    xq2: if group.iter().any(|(w, _)| w.two_level) {
-                        q2
-                    } else {
-                        Ptr::NULL
-                    },
+                    xq2,
                     xds2: ds2,
                     acc,
                 },
-                [blocks as u32, x.n as u32, 1],
-                [32 * GEMV_WARPS as u32, 1, 1],
+                // (row block, token), token fastest (the kernel's order).
+                [(blocks * x.n) as u32, 1, 1],
+                block,
             );
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! The op recorder: ops recorded per forward pass, run at a flush either one by one, under
-//! the profiler, or (a one-token pass flushed whole) as a cached CUDA graph.
+//! the profiler, or (a one-token pass, or a batch of decode rows on the GEMVs, flushed whole)
+//! as a cached CUDA graph.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -57,6 +58,16 @@ pub(super) struct Recorder {
     pub(super) inputs: DevBuf,
     /// `[rows]` u32: where `argmax` writes its picks (grown on demand).
     picks: Option<DevBuf>,
+    /// The batch table of a batched pass over the paged pool (see `paged`), written to
+    /// `batch` before the next flush; empty when the pass has none.
+    pub(super) batch_host: Vec<u32>,
+    pub(super) batch_dirty: bool,
+    /// Device copy of `batch_host` (grown on demand).
+    pub(super) batch: Option<DevBuf>,
+    /// This pass is a batch of decode rows only: its launches repeat step after step while the
+    /// batch keeps its size, so it is graphed like a one-token pass when it holds no cuBLAS
+    /// GEMM (set by `paged`).
+    pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
     graphs: HashMap<u64, Graph>,
@@ -71,6 +82,10 @@ impl Recorder {
             inputs_dirty: false,
             inputs,
             picks: None,
+            batch_host: Vec::new(),
+            batch_dirty: false,
+            batch: None,
+            decode_batch: false,
             flushed_mid: false,
             graphs: HashMap::new(),
         }
@@ -116,7 +131,15 @@ impl Gpu {
         r.inputs_host.clear();
         r.inputs_host.push(pos);
         r.inputs_dirty = true;
+        r.batch_host.clear();
+        r.batch_dirty = false;
+        r.decode_batch = false;
         Ok(())
+    }
+
+    /// Drops every captured graph (a buffer their launches name was replaced).
+    pub(super) fn forget_graphs(r: &mut Recorder) {
+        r.graphs.clear();
     }
 
     /// Turns decode graphs on or off (on unless profiling).
@@ -127,6 +150,13 @@ impl Gpu {
     /// Turns the int8 MMQ prompt matmuls on or off (off at first).
     pub fn set_mmq(&self, on: bool) {
         self.mmq_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns the decode-batch GEMV (`gemv_batch`, one weight load per 8 tokens) on or off
+    /// (on at first; off: one-token GEMV blocks per token).
+    /// Either way a token gets the bits of its own pass.
+    pub fn set_gemv_batch(&self, on: bool) {
+        self.gemv_batch_enabled.store(on, Ordering::Relaxed);
     }
 
     /// Turns two-level q8 activations for the GEMVs of [`DevMatrix::two_level`] matrices on or
@@ -163,6 +193,13 @@ impl Gpu {
             .map_err(call("uploading positions and token ids"))?;
             r.inputs_dirty = false;
         }
+        if r.batch_dirty {
+            let dst = r.batch.as_ref().map_or(Ptr::NULL, |b| b.ptr);
+            // SAFETY: `batch` was grown to hold `batch_host` when it was written (`paged`).
+            unsafe { result::memcpy_htod_async(dst.0, &r.batch_host, self.stream.cu_stream()) }
+                .map_err(call("uploading the batch table"))?;
+            r.batch_dirty = false;
+        }
         if r.ops.is_empty() {
             return Ok(());
         }
@@ -170,7 +207,7 @@ impl Gpu {
         let graphable = self.graphs_enabled.load(Ordering::Relaxed)
             && last
             && !r.flushed_mid
-            && r.n_tokens == 1
+            && (r.n_tokens == 1 || r.decode_batch)
             && !ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
         if !last {
             r.flushed_mid = true;

@@ -15,15 +15,22 @@
 //! One device recorder serves every sequence, so forward passes on one `CudaBackend` are
 //! serialized: `begin_forward` waits until no other pass is between its own `begin_forward` and
 //! `end_forward` (the decoder always calls both), so several server slots may share one GPU.
+//!
+//! Batched passes ([`Backend::attention_batch`]: the server's continuous batching) run over one
+//! shared paged pool: the layer caches' slots are the pool's slots, each sequence's rows are
+//! rotated at their own positions and written through its block table, decode rows take the
+//! split-K decode kernel and prompt chunks the flash kernel, each over its own sequence's
+//! blocks (`damascus_cuda::Gpu::attention_paged`). A lone sequence over a private cache keeps
+//! the contiguous kernels and its decode graph.
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu};
+use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu, PagedSeq};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 use damascus_kernels::settings::KernelSettings;
 
 use crate::backend::profile::weight_class;
-use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, RopeParams};
+use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
 use crate::family::Activation;
 use crate::tensor::FileTensor;
@@ -32,7 +39,10 @@ use crate::tensor::FileTensor;
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     /// The rope inverse frequencies on the device, keyed by their host values.
-    inv_freq: Mutex<Option<(Vec<f32>, Arc<DevVec>)>>,
+    /// Every set of frequencies seen (Gemma 3 alternates two), kept for the backend's life:
+    /// recorded launches name them, so one must not be freed (and its memory reused by the next
+    /// upload) before the pass that reads it has run.
+    inv_freq: Mutex<Vec<(Vec<f32>, Arc<DevVec>)>>,
     /// A forward pass is being recorded (between `begin_forward` and `end_forward`).
     busy: Mutex<bool>,
     idle: Condvar,
@@ -58,9 +68,10 @@ impl CudaBackend {
         gpu.set_graphs(settings.cuda_graphs && !settings.cuda_profile);
         gpu.set_mmq(settings.cuda_mmq);
         gpu.set_flash(settings.cuda_flash);
+        gpu.set_gemv_batch(settings.cuda_gemv_batch);
         Ok(Self {
             gpu,
-            inv_freq: Mutex::new(None),
+            inv_freq: Mutex::new(Vec::new()),
             busy: Mutex::new(false),
             idle: Condvar::new(),
         })
@@ -72,14 +83,18 @@ impl CudaBackend {
     }
 
     fn inv_freq(&self, rope: &RopeParams) -> Result<Arc<DevVec>, ModelError> {
-        let mut slot = self.inv_freq.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((host, dev)) = slot.as_ref()
-            && *host == rope.inv_freq
-        {
+        /// More sets than any family uses: past it, the oldest goes once the device is idle.
+        const KEEP: usize = 8;
+        let mut sets = self.inv_freq.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, dev)) = sets.iter().find(|(host, _)| *host == rope.inv_freq) {
             return Ok(Arc::clone(dev));
         }
+        if sets.len() >= KEEP {
+            self.gpu.sync()?;
+            sets.remove(0);
+        }
         let dev = Arc::new(self.gpu.upload_f32(&rope.inv_freq)?);
-        *slot = Some((rope.inv_freq.clone(), Arc::clone(&dev)));
+        sets.push((rope.inv_freq.clone(), Arc::clone(&dev)));
         Ok(dev)
     }
 }
@@ -341,6 +356,57 @@ impl Backend for CudaBackend {
 
     fn write(&self, x: &mut DevAct, data: &[f32]) -> Result<(), ModelError> {
         Ok(self.gpu.write(x, data)?)
+    }
+
+    fn supports_batches(&self) -> bool {
+        true
+    }
+
+    fn attention_batch(
+        &self,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        attn: AttnSpec,
+        rope: &RopeParams,
+        batch: &PagedBatch<'_>,
+        q: &mut DevAct,
+        k: &mut DevAct,
+        v: &DevAct,
+        out: &mut DevAct,
+    ) -> Result<(), ModelError> {
+        // A lone sequence over a private cache: the contiguous kernels (the same results, and
+        // the position from `begin_forward`, so its decode graph replays at every step).
+        if let Some(s) = batch.single_contiguous() {
+            return self.rope_attention(cache, layer, attn, s.pos0, rope, q, k, v, out);
+        }
+        let inv = self.inv_freq(rope)?;
+        let neox = rope.layout == RopeLayout::Neox;
+        let seqs: Vec<PagedSeq<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| PagedSeq {
+                rows: s.rows.clone(),
+                pos0: s.pos0,
+                table: s.table,
+            })
+            .collect();
+        let kv = self.kv(cache, attn.shape)?;
+        Ok(self.gpu.attention_paged(
+            kv,
+            layer,
+            batch.block_size,
+            &seqs,
+            q,
+            k,
+            v,
+            out,
+            Some((&*inv, neox)),
+            params(attn),
+        )?)
+    }
+
+    fn copy_rows(&self, src: &DevAct, rows: &[usize], dst: &mut DevAct) -> Result<(), ModelError> {
+        Ok(self.gpu.copy_rows(src, rows, dst)?)
     }
 }
 
