@@ -42,6 +42,9 @@ pub struct KernelSettings {
     /// their int8 work).
     /// `DAMASCUS_TWO_LEVEL`.
     pub two_level_qkv: bool,
+    /// CUDA: every quantized decode GEMV (not only Q/K/V) on two-level q8 activations.
+    /// `DAMASCUS_TWO_LEVEL=all`.
+    pub two_level_all: bool,
     /// CUDA: a one-token pass replays a captured graph. `DAMASCUS_CUDA_GRAPHS` (0: off).
     pub cuda_graphs: bool,
     /// CUDA: prompt matmuls on the int8 MMQ kernels instead of cuBLAS bf16.
@@ -71,6 +74,7 @@ impl Default for KernelSettings {
             prefetch: None,
             profile: false,
             two_level_qkv: true,
+            two_level_all: false,
             cuda_graphs: true,
             cuda_mmq: false,
             cuda_flash: true,
@@ -126,7 +130,7 @@ impl KernelSettings {
         ("DAMASCUS_PROFILE", "1: per-op profile on stderr"),
         (
             "DAMASCUS_TWO_LEVEL",
-            "0: Q/K/V projections on one-level int8 activations",
+            "0: Q/K/V projections on one-level int8 activations; all: every CUDA GEMV two-level",
         ),
         ("DAMASCUS_CUDA_GRAPHS", "0: CUDA decode without graphs"),
         ("DAMASCUS_CUDA_MMQ", "1: CUDA prompt matmuls on int8 MMQ"),
@@ -182,6 +186,7 @@ impl KernelSettings {
             prefetch: num("DAMASCUS_PREFETCH")?,
             profile: val("DAMASCUS_PROFILE").is_some_and(|v| v == "1"),
             two_level_qkv: !off("DAMASCUS_TWO_LEVEL"),
+            two_level_all: val("DAMASCUS_TWO_LEVEL").is_some_and(|v| v == "all"),
             cuda_graphs: !off("DAMASCUS_CUDA_GRAPHS"),
             cuda_mmq: val("DAMASCUS_CUDA_MMQ").is_some_and(|v| v == "1"),
             cuda_flash: !off("DAMASCUS_CUDA_FLASH"),

@@ -24,6 +24,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use damascus_kernels::settings::KernelSettings;
 use damascus_model::verify::{Fixture, Tolerance, verify};
 use damascus_model::{BackendKind, LoadOptions, Model};
 
@@ -39,10 +40,14 @@ fn path() -> &'static PathBuf {
     })
 }
 
+/// The model on `backend`, with the `DAMASCUS_*` kernel settings of the environment as the
+/// CLI maps them (none set: the defaults), so a setting can be checked against HF here too.
 fn load(backend: BackendKind) -> Model {
+    let kernel = KernelSettings::from_vars(|k| std::env::var(k).ok()).expect("DAMASCUS_* settings");
     let opts = LoadOptions {
         n_ctx: Some(64),
         backend,
+        kernel,
         ..Default::default()
     };
     Model::load(path(), &opts).expect("loading Gemma 3 270M")

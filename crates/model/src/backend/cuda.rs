@@ -38,6 +38,8 @@ use crate::tensor::FileTensor;
 /// The model on one CUDA device.
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
+    /// Every quantized matrix takes two-level q8 activations (`KernelSettings::two_level_all`).
+    two_level_all: bool,
     /// The rope inverse frequencies on the device, keyed by their host values.
     /// Every set of frequencies seen (Gemma 3 alternates two), kept for the backend's life:
     /// recorded launches name them, so one must not be freed (and its memory reused by the next
@@ -70,6 +72,7 @@ impl CudaBackend {
         gpu.set_flash(settings.cuda_flash);
         gpu.set_gemv_batch(settings.cuda_gemv_batch);
         Ok(Self {
+            two_level_all: settings.two_level_all,
             gpu,
             inv_freq: Mutex::new(Vec::new()),
             busy: Mutex::new(false),
@@ -156,7 +159,7 @@ impl Backend for CudaBackend {
             .map_err(|e| ModelError::Tensor {
                 what: format!("{}: {e}", w.name()),
             })?;
-        m.two_level = two_level(w.name());
+        m.two_level = self.two_level_all || two_level(w.name());
         Ok(m)
     }
 
