@@ -254,6 +254,17 @@ enum KvStore {
     F16 { k: Vec<Vec<u16>>, v: Vec<Vec<u16>> },
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` f32 (keys, then values).
     F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` q8_0 (keys, then values; paged path only).
+    Q8 { k: Vec<Q8Layer>, v: Vec<Q8Layer> },
+}
+
+/// One layer's keys (or values) in q8_0: the i8 values and one f16 scale per 32 of them.
+#[derive(Debug)]
+pub(super) struct Q8Layer {
+    /// `[n_head_kv, n_ctx, head_dim]` quantized values.
+    qs: Vec<i8>,
+    /// `[n_head_kv, n_ctx, head_dim / 32]` f16 bits: the scale of each 32 values.
+    d: Vec<u16>,
 }
 
 /// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into
@@ -589,6 +600,17 @@ impl Backend for CpuBackend {
                 k: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
                 v: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
             },
+            KvCacheType::Q8_0 => {
+                shape.check_cache_type()?;
+                let layer = || Q8Layer {
+                    qs: vec![0i8; per_layer],
+                    d: vec![0u16; per_layer / 32],
+                };
+                KvStore::Q8 {
+                    k: (0..shape.n_layer).map(|_| layer()).collect(),
+                    v: (0..shape.n_layer).map(|_| layer()).collect(),
+                }
+            }
         };
         Ok(CpuKvCache { shape, store })
     }
@@ -802,6 +824,12 @@ impl Backend for CpuBackend {
                 what: format!("attention: no cache for layer {layer}"),
             };
             let (kc, vc) = match &mut cache.store {
+                KvStore::Q8 { .. } => {
+                    return Err(ModelError::CacheType {
+                        cache_type: "q8_0".into(),
+                        why: "the CPU backend reads a q8_0 cache only through batched (paged) attention".into(),
+                    });
+                }
                 KvStore::F16 { k: ks, v: vs } => (ks.get_mut(layer), vs.get_mut(layer)),
                 KvStore::F32 { k: ks, v: vs } => {
                     let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
