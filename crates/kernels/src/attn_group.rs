@@ -195,12 +195,15 @@ mod x86 {
                 let mut acc = [_mm512_setzero_ps(); G];
                 let mut c = 0;
                 while c < hd {
-                    let kv = k.load16(kr + c);
-                    for (g, a) in acc.iter_mut().enumerate() {
-                        let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c));
-                        *a = _mm512_fmadd_ps(qv, kv, *a);
+                    // 32 elements (one q8_0 block: one scale), in the 16-lane chain's order.
+                    let kv = k.load32(kr + c);
+                    for (j, kv) in kv.iter().enumerate() {
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c + 16 * j));
+                            *a = _mm512_fmadd_ps(qv, *kv, *a);
+                        }
                     }
-                    c += 16;
+                    c += 32;
                 }
                 for (g, a) in acc.iter().enumerate() {
                     let lo = _mm512_castps512_ps256(*a);
@@ -238,10 +241,9 @@ mod x86 {
                     if p + PF < pq.hi {
                         v.prefetch(offset(&sh, pq.table, p + PF, kvh) + c0, 64);
                     }
-                    let mut vv = [_mm512_setzero_ps(); 4];
-                    for (c, x) in vv.iter_mut().enumerate() {
-                        *x = v.load16(vr + 16 * c);
-                    }
+                    let [v0, v1] = v.load32(vr);
+                    let [v2, v3] = v.load32(vr + 32);
+                    let vv = [v0, v1, v2, v3];
                     for (g, a) in acc.iter_mut().enumerate() {
                         let s = _mm512_set1_ps(scores[(g0 + g) * n + i]);
                         for (a, &x) in a.iter_mut().zip(&vv) {

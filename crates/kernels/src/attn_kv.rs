@@ -23,6 +23,10 @@ pub const Q8_BLOCK: usize = 32;
 /// not cross a q8_0 block: every kernel walks rows from their start (rows start at multiples
 /// of `head_dim`) in steps of 8 or 16, and q8_0 pools need `head_dim % 32 == 0`.
 pub trait KvRows: Copy + Send + Sync {
+    /// Whether the tiled prompt kernel widens a tile's rows into an f32 scratch first (once
+    /// per tile instead of once per token: worth it where widening costs several ops).
+    const WIDEN_TILES: bool = false;
+
     /// Elements held.
     fn n_elems(&self) -> usize;
 
@@ -50,6 +54,17 @@ pub trait KvRows: Copy + Send + Sync {
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(&self, e: usize) -> __m512;
 
+    /// Elements `e..e + 32` widened, as two [`KvRows::load16`].
+    ///
+    /// # Safety
+    /// As [`KvRows::load16`], for 32 elements, `e % 32 == 0`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load32(&self, e: usize) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { [self.load16(e), self.load16(e + 16)] }
+    }
+
     /// Prefetch hints for elements `e..e + n` (never faults).
     #[cfg(target_arch = "x86_64")]
     fn prefetch(&self, e: usize, n: usize);
@@ -58,6 +73,10 @@ pub trait KvRows: Copy + Send + Sync {
 /// An f16 pool (bits).
 #[derive(Clone, Copy, Debug)]
 pub struct F16Rows<'a>(pub &'a [u16]);
+
+/// Rows already widened to f32 (the tiled kernel's scratch copy of a q8_0 tile).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F32Rows<'a>(pub(crate) &'a [f32]);
 
 /// A q8_0 pool: `qs[e]` the quantized values, `d[e / 32]` their blocks' f16 scales.
 #[derive(Clone, Copy, Debug)]
@@ -133,6 +152,48 @@ impl KvRows for F16Rows<'_> {
     }
 }
 
+impl KvRows for F32Rows<'_> {
+    #[inline(always)]
+    fn n_elems(&self) -> usize {
+        self.0.len()
+    }
+
+    #[inline(always)]
+    fn get(&self, e: usize) -> f32 {
+        self.0[e]
+    }
+
+    fn dot(&self, _simd: bool, q: &[f32], e0: usize) -> f32 {
+        q.iter().zip(&self.0[e0..]).map(|(&a, &b)| a * b).sum()
+    }
+
+    fn axpy(&self, _simd: bool, out: &mut [f32], s: f32, e0: usize) {
+        for (o, &b) in out.iter_mut().zip(&self.0[e0..]) {
+            *o += s * b;
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(&self, e: usize) -> __m256 {
+        // SAFETY: the caller guarantees AVX and e..e+8 in the slice.
+        unsafe { _mm256_loadu_ps(self.0.as_ptr().add(e)) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(&self, e: usize) -> __m512 {
+        // SAFETY: the caller guarantees AVX-512F and e..e+16 in the slice.
+        unsafe { _mm512_loadu_ps(self.0.as_ptr().add(e)) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, e: usize, n: usize) {
+        prefetch_bytes(self.0.as_ptr().wrapping_add(e).cast(), 4 * n);
+    }
+}
+
 impl Q8Rows<'_> {
     /// The f16 scale of element `e`'s block, widened with F16C.
     ///
@@ -150,6 +211,8 @@ impl Q8Rows<'_> {
 }
 
 impl KvRows for Q8Rows<'_> {
+    const WIDEN_TILES: bool = true;
+
     #[inline(always)]
     fn n_elems(&self) -> usize {
         self.qs.len()
@@ -209,6 +272,19 @@ impl KvRows for Q8Rows<'_> {
             let q = _mm_loadu_si128(self.qs.as_ptr().add(e).cast());
             let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
             _mm512_mul_ps(x, _mm512_set1_ps(self.scale(e)))
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load32(&self, e: usize) -> [__m512; 2] {
+        // SAFETY: the caller guarantees AVX-512F+F16C and e..e+32 in the pool (one block).
+        unsafe {
+            let q = _mm256_loadu_si256(self.qs.as_ptr().add(e).cast());
+            let d = _mm512_set1_ps(self.scale(e));
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(q)));
+            [_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d)]
         }
     }
 
@@ -285,8 +361,8 @@ mod x86 {
                 i += 8;
             }
         }
-        for j in n8..n {
-            out[j] += s * r.get(e0 + j);
+        for (j, o) in out.iter_mut().enumerate().skip(n8) {
+            *o += s * r.get(e0 + j);
         }
     }
 }

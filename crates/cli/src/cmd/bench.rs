@@ -275,7 +275,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         no_repack: args.backend.no_repack,
         kernel: super::kernel_settings()?,
         cache_type: args.cache.resolve()?,
-        ..Default::default()
     };
     let t_load = Instant::now();
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;

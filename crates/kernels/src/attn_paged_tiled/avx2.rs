@@ -5,7 +5,7 @@
 use core::arch::x86_64::*;
 
 use crate::attn_decode::softmax;
-use crate::attn_kv::KvRows;
+use crate::attn_kv::{F32Rows, KvRows};
 use crate::attn_paged::{PagedQuery, PagedShape};
 
 /// Keys per score block: the block's K rows stay in L1 while every token of the tile meets
@@ -119,6 +119,10 @@ unsafe fn weighted_values<const NR: usize, const NC: usize, R: KvRows>(
 /// * `q`: the tokens' query rows `[qs.len(), n_head, head_dim]` f32
 /// * `outs[t]`: token `t`'s output heads of `kvh`, `[group, head_dim]` f32
 ///
+/// Pools whose rows cost several ops to widen ([`KvRows::WIDEN_TILES`]: q8_0) are widened
+/// once per tile into an f32 scratch `[hi - lo, head_dim]` (exactly the values the loads give),
+/// then the tile runs on it: the same arithmetic on the same values, so the same bits.
+///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `shape.check` passed for these queries.
 #[allow(clippy::too_many_arguments)]
@@ -135,12 +139,55 @@ pub(super) unsafe fn tile<R: KvRows>(
     outs: &mut [&mut [f32]],
 ) {
     let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_head_kv;
-    let (width, span) = (shape.n_head * hd, group * hd);
-    let n = hi - lo;
     let table = qs[0].table;
     // Offsets (elements) of positions lo..hi in the pools, KV head kvh.
     let slots: Vec<usize> = (lo..hi).map(|p| shape.offset(table, p, kvh)).collect();
+    if R::WIDEN_TILES && hd.is_multiple_of(8) {
+        let n = hi - lo;
+        let (mut kf, mut vf) = (vec![0f32; n * hd], vec![0f32; n * hd]); // [n, hd] each
+        for (i, &off) in slots.iter().enumerate() {
+            for c in (0..hd).step_by(8) {
+                // SAFETY: rows at `slots` lie in the pools (checked), c + 8 ≤ hd, and the
+                // scratch rows hold hd floats at i·hd.
+                unsafe {
+                    _mm256_storeu_ps(kf.as_mut_ptr().add(i * hd + c), k.load8(off + c));
+                    _mm256_storeu_ps(vf.as_mut_ptr().add(i * hd + c), v.load8(off + c));
+                }
+            }
+        }
+        let local: Vec<usize> = (0..n).map(|i| i * hd).collect();
+        // SAFETY: forwarded; the scratch rows at `local` hold hd floats each.
+        unsafe {
+            tile_on(qs, lo, hi, q, F32Rows(&kf), F32Rows(&vf), &local, shape, kvh, outs)
+        };
+        return;
+    }
+    // SAFETY: forwarded.
+    unsafe { tile_on(qs, lo, hi, q, k, v, &slots, shape, kvh, outs) };
+}
+
+/// [`tile`] over rows at `slots` (element offsets of positions `lo..hi`) of `k` and `v`.
+///
+/// # Safety
+/// As [`tile`]; every offset in `slots` starts a row of `head_dim` elements in the pools.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_on<R: KvRows>(
+    qs: &[PagedQuery<'_>],
+    lo: usize,
+    hi: usize,
+    q: &[f32],
+    k: R,
+    v: R,
+    slots: &[usize],
+    shape: PagedShape,
+    kvh: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let (width, span) = (shape.n_head * hd, group * hd);
+    let n = hi - lo;
     let mut scores = vec![0f32; qs.len() * group * n]; // [tokens, group, n]
     // Q·Kᵀ: key blocks outer, so a block's rows serve every token of the tile from L1.
     for kb in (0..n).step_by(KEY_BLOCK) {
@@ -222,8 +269,8 @@ pub(super) unsafe fn tile<R: KvRows>(
                 o[n8..].fill(0.0);
                 let w = &scores[(t * group + g) * n..];
                 for p in pq.lo - lo..pq.hi - lo {
-                    for j in n8..hd {
-                        o[j] += w[p] * v.get(slots[p] + j);
+                    for (j, x) in o.iter_mut().enumerate().skip(n8) {
+                        *x += w[p] * v.get(slots[p] + j);
                     }
                 }
             }
