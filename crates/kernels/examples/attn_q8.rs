@@ -102,9 +102,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("n_kv {n_kv}, {layers} layers, 1 thread, median of {rounds} interleaved rounds");
-    for (name, t) in [("decode (grouped)", &t_dec), ("prompt chunk (tiled)", &t_pro)] {
+    for (name, t) in [
+        ("decode (grouped)", &t_dec),
+        ("prompt chunk (tiled)", &t_pro),
+    ] {
         let (a, b) = (median(t[0].clone()), median(t[1].clone()));
-        println!("{name}: f16 {a:.2} ms, q8_0 {b:.2} ms, q8_0/f16 {:.2}", b / a);
+        println!(
+            "{name}: f16 {a:.2} ms, q8_0 {b:.2} ms, q8_0/f16 {:.2}",
+            b / a
+        );
     }
     println!("chunk of {chunk} tokens for the prompt test");
     Ok(())

@@ -158,7 +158,18 @@ pub(super) unsafe fn tile<R: KvRows>(
         let local: Vec<usize> = (0..n).map(|i| i * hd).collect();
         // SAFETY: forwarded; the scratch rows at `local` hold hd floats each.
         unsafe {
-            tile_on(qs, lo, hi, q, F32Rows(&kf), F32Rows(&vf), &local, shape, kvh, outs)
+            tile_on(
+                qs,
+                lo,
+                hi,
+                q,
+                F32Rows(&kf),
+                F32Rows(&vf),
+                &local,
+                shape,
+                kvh,
+                outs,
+            )
         };
         return;
     }

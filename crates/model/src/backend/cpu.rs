@@ -9,7 +9,8 @@
 //! once per matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the
 //! SIMD dot products of [`damascus_kernels::quantdot`] (ISA chosen once at run time). Work is
 //! split over the kernels' persistent [`ThreadPool`]. The KV cache is head-major, f16 by default (attention
-//! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads).
+//! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads),
+//! or q8_0 (batched path only: `paged.rs`, [`damascus_kernels::attn_paged_q8`]).
 //!
 //! Work split:
 //! * one token (decode): every matrix is split by rows across the threads; Q/K/V and gate/up
@@ -255,16 +256,10 @@ enum KvStore {
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` f32 (keys, then values).
     F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` q8_0 (keys, then values; paged path only).
-    Q8 { k: Vec<Q8Layer>, v: Vec<Q8Layer> },
-}
-
-/// One layer's keys (or values) in q8_0: the i8 values and one f16 scale per 32 of them.
-#[derive(Debug)]
-pub(super) struct Q8Layer {
-    /// `[n_head_kv, n_ctx, head_dim]` quantized values.
-    qs: Vec<i8>,
-    /// `[n_head_kv, n_ctx, head_dim / 32]` f16 bits: the scale of each 32 values.
-    d: Vec<u16>,
+    Q8 {
+        k: Vec<paged::Q8Layer>,
+        v: Vec<paged::Q8Layer>,
+    },
 }
 
 /// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into
@@ -600,17 +595,7 @@ impl Backend for CpuBackend {
                 k: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
                 v: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
             },
-            KvCacheType::Q8_0 => {
-                shape.check_cache_type()?;
-                let layer = || Q8Layer {
-                    qs: vec![0i8; per_layer],
-                    d: vec![0u16; per_layer / 32],
-                };
-                KvStore::Q8 {
-                    k: (0..shape.n_layer).map(|_| layer()).collect(),
-                    v: (0..shape.n_layer).map(|_| layer()).collect(),
-                }
-            }
+            KvCacheType::Q8_0 => paged::q8_store(shape)?,
         };
         Ok(CpuKvCache { shape, store })
     }

@@ -13,10 +13,33 @@ use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
 use damascus_kernels::attn_paged_q8::{attn_paged_q8, attn_paged_q8_grouped};
 use damascus_kernels::reference as k;
 
-use super::{CpuBackend, CpuKvCache, KvStore, Q8Layer, dot_f32, kernel_err};
+use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
 use crate::backend::reference::{HostAct, check_len};
 use crate::backend::{AttnSpec, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
+
+/// One layer's keys (or values) in q8_0: the i8 values and one f16 scale per 32 of them.
+#[derive(Debug)]
+pub(super) struct Q8Layer {
+    /// `[n_head_kv, n_ctx, head_dim]` quantized values.
+    qs: Vec<i8>,
+    /// `[n_head_kv, n_ctx, head_dim / 32]` f16 bits: the scale of each 32 values.
+    d: Vec<u16>,
+}
+
+/// A zeroed q8_0 store for `shape` (head sizes multiple of 32, else a clear error).
+pub(super) fn q8_store(shape: KvShape) -> Result<KvStore, ModelError> {
+    shape.check_cache_type()?;
+    let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
+    let layer = || Q8Layer {
+        qs: vec![0i8; per_layer],
+        d: vec![0u16; per_layer / 32],
+    };
+    Ok(KvStore::Q8 {
+        k: (0..shape.n_layer).map(|_| layer()).collect(),
+        v: (0..shape.n_layer).map(|_| layer()).collect(),
+    })
+}
 
 /// RoPE angle tables kept between the layers of a forward pass (Gemma 3 alternates two bases).
 const ROPE_TABLES: usize = 2;
