@@ -65,6 +65,10 @@ fn llama_cpp_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<st
     args.map(|a| match a.to_str() {
         Some("-ngl") => "--ngl".into(),
         Some(s) if s.starts_with("-ngl=") => format!("--ngl={}", &s[5..]).into(),
+        Some("-ctk") => "--cache-type-k".into(),
+        Some(s) if s.starts_with("-ctk=") => format!("--cache-type-k={}", &s[5..]).into(),
+        Some("-ctv") => "--cache-type-v".into(),
+        Some(s) if s.starts_with("-ctv=") => format!("--cache-type-v={}", &s[5..]).into(),
         _ => a,
     })
     .collect()

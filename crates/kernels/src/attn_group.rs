@@ -12,6 +12,7 @@
 //! whichever runs. Where its fast path does not apply (no AVX-512 at the chosen ISA level, or
 //! a head size that is not a multiple of 64) it calls that kernel.
 
+use crate::attn_kv::{F16Rows, KvRows};
 use crate::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
 use crate::pool::ThreadPool;
 use crate::quantdot::{Isa, KernelError, kernels};
@@ -33,7 +34,8 @@ pub fn attn_paged_f16_grouped(
 ) -> Result<(), KernelError> {
     #[cfg(target_arch = "x86_64")]
     if fast_path(shape) {
-        shape.check(queries, q, k, v, out)?;
+        let (k, v) = (F16Rows(k), F16Rows(v));
+        shape.check(queries, q, &k, &v, out)?;
         run(queries, q, k, v, shape, out, pool);
         return Ok(());
     }
@@ -50,11 +52,11 @@ pub fn fast_path(shape: PagedShape) -> bool {
 
 /// (query, KV head) units over `pool`, each computed by one thread in one order.
 #[cfg(target_arch = "x86_64")]
-fn run(
+pub(crate) fn run<R: KvRows>(
     queries: &[PagedQuery<'_>],
     q: &[f32],
-    k: &[u16],
-    v: &[u16],
+    k: R,
+    v: R,
     shape: PagedShape,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
@@ -85,9 +87,10 @@ mod x86 {
     use core::arch::x86_64::*;
 
     use super::MAX_G;
+    use crate::attn_kv::KvRows;
     use crate::attn_paged::{PagedQuery, PagedShape};
 
-    /// Halves offset of position `p`, KV head `kvh` (as `PagedShape::offset`).
+    /// Element offset of position `p`, KV head `kvh` (as `PagedShape::offset`).
     #[inline(always)]
     fn offset(sh: &PagedShape, table: &[u32], p: usize, kvh: usize) -> usize {
         let slot = table[p / sh.block_size] as usize * sh.block_size + p % sh.block_size;
@@ -97,19 +100,6 @@ mod x86 {
     /// Positions ahead whose rows are prefetched: blocks of a sequence are scattered over the
     /// pool, so the hardware prefetcher loses the stream at every block edge.
     const PF: usize = 32;
-
-    /// Software prefetch of `n` halves at `p` (one hint per 64-byte line).
-    #[inline(always)]
-    unsafe fn prefetch_row(p: *const u16, n: usize) {
-        // SAFETY: a prefetch hint never faults; `p` points into the pool.
-        unsafe {
-            let mut o = 0;
-            while o < n {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(o).cast());
-                o += 32;
-            }
-        }
-    }
 
     /// The AVX2 kernels' horizontal sum, operation for operation.
     #[inline(always)]
@@ -130,10 +120,10 @@ mod x86 {
     /// query's positions and blocks lie in the pools (checked by the caller).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn kv_head(
+    pub(super) unsafe fn kv_head<R: KvRows>(
         qg: &[f32],
-        k: &[u16],
-        v: &[u16],
+        k: R,
+        v: R,
         sh: PagedShape,
         pq: &PagedQuery<'_>,
         kvh: usize,
@@ -150,10 +140,10 @@ mod x86 {
             // SAFETY: forwarded; heads g0..g0 + gn lie in qg/out, scores holds [group, n].
             unsafe {
                 match gn {
-                    1 => scores_g::<1>(qg, k, sh, pq, kvh, g0, scores),
-                    2 => scores_g::<2>(qg, k, sh, pq, kvh, g0, scores),
-                    3 => scores_g::<3>(qg, k, sh, pq, kvh, g0, scores),
-                    _ => scores_g::<4>(qg, k, sh, pq, kvh, g0, scores),
+                    1 => scores_g::<1, R>(qg, k, sh, pq, kvh, g0, scores),
+                    2 => scores_g::<2, R>(qg, k, sh, pq, kvh, g0, scores),
+                    3 => scores_g::<3, R>(qg, k, sh, pq, kvh, g0, scores),
+                    _ => scores_g::<4, R>(qg, k, sh, pq, kvh, g0, scores),
                 }
             }
             g0 += gn;
@@ -167,10 +157,10 @@ mod x86 {
             // SAFETY: as above.
             unsafe {
                 match gn {
-                    1 => values_g::<1>(v, sh, pq, kvh, g0, scores, out),
-                    2 => values_g::<2>(v, sh, pq, kvh, g0, scores, out),
-                    3 => values_g::<3>(v, sh, pq, kvh, g0, scores, out),
-                    _ => values_g::<4>(v, sh, pq, kvh, g0, scores, out),
+                    1 => values_g::<1, R>(v, sh, pq, kvh, g0, scores, out),
+                    2 => values_g::<2, R>(v, sh, pq, kvh, g0, scores, out),
+                    3 => values_g::<3, R>(v, sh, pq, kvh, g0, scores, out),
+                    _ => values_g::<4, R>(v, sh, pq, kvh, g0, scores, out),
                 }
             }
             g0 += gn;
@@ -183,9 +173,9 @@ mod x86 {
     /// # Safety
     /// As [`kv_head`].
     #[inline(always)]
-    unsafe fn scores_g<const G: usize>(
+    unsafe fn scores_g<const G: usize, R: KvRows>(
         qg: &[f32],
-        k: &[u16],
+        k: R,
         sh: PagedShape,
         pq: &PagedQuery<'_>,
         kvh: usize,
@@ -198,19 +188,22 @@ mod x86 {
         // SAFETY: rows of hd halves at checked offsets; q rows g0..g0+G of hd floats.
         unsafe {
             for (i, p) in (pq.lo..pq.hi).enumerate() {
-                let kr = k.as_ptr().add(offset(&sh, pq.table, p, kvh));
+                let kr = offset(&sh, pq.table, p, kvh);
                 if p + PF < pq.hi {
-                    prefetch_row(k.as_ptr().add(offset(&sh, pq.table, p + PF, kvh)), hd);
+                    k.prefetch(offset(&sh, pq.table, p + PF, kvh), hd);
                 }
                 let mut acc = [_mm512_setzero_ps(); G];
                 let mut c = 0;
                 while c < hd {
-                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kr.add(c).cast()));
-                    for (g, a) in acc.iter_mut().enumerate() {
-                        let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c));
-                        *a = _mm512_fmadd_ps(qv, kv, *a);
+                    // 32 elements (one q8_0 block: one scale), in the 16-lane chain's order.
+                    let kv = k.load32(kr + c);
+                    for (j, kv) in kv.iter().enumerate() {
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c + 16 * j));
+                            *a = _mm512_fmadd_ps(qv, *kv, *a);
+                        }
                     }
-                    c += 16;
+                    c += 32;
                 }
                 for (g, a) in acc.iter().enumerate() {
                     let lo = _mm512_castps512_ps256(*a);
@@ -227,8 +220,8 @@ mod x86 {
     /// # Safety
     /// As [`kv_head`].
     #[inline(always)]
-    unsafe fn values_g<const G: usize>(
-        v: &[u16],
+    unsafe fn values_g<const G: usize, R: KvRows>(
+        v: R,
         sh: PagedShape,
         pq: &PagedQuery<'_>,
         kvh: usize,
@@ -244,14 +237,13 @@ mod x86 {
             for c0 in (0..hd).step_by(64) {
                 let mut acc = [[_mm512_setzero_ps(); 4]; G];
                 for (i, p) in (pq.lo..pq.hi).enumerate() {
-                    let vr = v.as_ptr().add(offset(&sh, pq.table, p, kvh) + c0);
+                    let vr = offset(&sh, pq.table, p, kvh) + c0;
                     if p + PF < pq.hi {
-                        prefetch_row(v.as_ptr().add(offset(&sh, pq.table, p + PF, kvh) + c0), 64);
+                        v.prefetch(offset(&sh, pq.table, p + PF, kvh) + c0, 64);
                     }
-                    let mut vv = [_mm512_setzero_ps(); 4];
-                    for (c, x) in vv.iter_mut().enumerate() {
-                        *x = _mm512_cvtph_ps(_mm256_loadu_si256(vr.add(16 * c).cast()));
-                    }
+                    let [v0, v1] = v.load32(vr);
+                    let [v2, v3] = v.load32(vr + 32);
+                    let vv = [v0, v1, v2, v3];
                     for (g, a) in acc.iter_mut().enumerate() {
                         let s = _mm512_set1_ps(scores[(g0 + g) * n + i]);
                         for (a, &x) in a.iter_mut().zip(&vv) {

@@ -9,7 +9,8 @@
 //! batched forward pass give the same logits as a sequence run alone, and a prompt computed
 //! over a cached prefix the same logits as computed fresh.
 
-use crate::attn_decode::{axpy_f16, dot_f16, softmax};
+use crate::attn_decode::softmax;
+use crate::attn_kv::{F16Rows, KvRows};
 use crate::pool::ThreadPool;
 use crate::quantdot::{Isa, KernelError, kernels};
 
@@ -45,16 +46,17 @@ impl PagedShape {
     /// Slot offset (in halves) of position `p` of a sequence with `table`, KV head `kvh`.
     #[inline]
     pub(crate) fn offset(&self, table: &[u32], p: usize, kvh: usize) -> usize {
+        // Slot offset in elements: halves for f16, values for q8_0.
         let slot = table[p / self.block_size] as usize * self.block_size + p % self.block_size;
         (kvh * self.n_slots + slot) * self.head_dim
     }
 
-    pub(crate) fn check(
+    pub(crate) fn check<R: KvRows>(
         &self,
         queries: &[PagedQuery<'_>],
         q: &[f32],
-        k: &[u16],
-        v: &[u16],
+        k: &R,
+        v: &R,
         out: &[f32],
     ) -> Result<(), KernelError> {
         let bad = |m: String| Err(KernelError::BadShape(m));
@@ -78,11 +80,11 @@ impl PagedShape {
             ));
         }
         let need = n_slots.saturating_mul(n_head_kv * head_dim);
-        if k.len() < need || v.len() < need {
+        if k.n_elems() < need || v.n_elems() < need {
             return bad(format!(
-                "k/v pools hold {}/{} halves, need {need}",
-                k.len(),
-                v.len()
+                "k/v pools hold {}/{} values, need {need}",
+                k.n_elems(),
+                v.n_elems()
             ));
         }
         let n_blocks = n_slots / block_size;
@@ -125,7 +127,7 @@ pub fn attn_paged_f16(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
-    crate::attn_paged_tiled::attn_paged_f16_tiled(queries, q, k, v, shape, out, pool)
+    crate::attn_paged_tiled::attn_paged_tiled(queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
 }
 
 /// The per-token kernel at the best ISA: the twin [`attn_paged_f16`]'s tiled path must equal
@@ -141,12 +143,12 @@ pub fn attn_paged_f16_per_token(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
-    attn_paged_f16_with(
+    attn_paged_with(
         kernels().isa() >= Isa::Avx2,
         queries,
         q,
-        k,
-        v,
+        F16Rows(k),
+        F16Rows(v),
         shape,
         out,
         pool,
@@ -162,21 +164,22 @@ pub fn attn_paged_f16_scalar(
     shape: PagedShape,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    attn_paged_f16_with(false, queries, q, k, v, shape, out, None)
+    attn_paged_with(false, queries, q, F16Rows(k), F16Rows(v), shape, out, None)
 }
 
+/// The per-token kernel over any pool element type (`simd`: the AVX2 dot/axpy when present).
 #[allow(clippy::too_many_arguments)]
-fn attn_paged_f16_with(
+pub(crate) fn attn_paged_with<R: KvRows>(
     simd: bool,
     queries: &[PagedQuery<'_>],
     q: &[f32],
-    k: &[u16],
-    v: &[u16],
+    k: R,
+    v: R,
     shape: PagedShape,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
-    shape.check(queries, q, k, v, out)?;
+    shape.check(queries, q, &k, &v, out)?;
     #[cfg(target_arch = "x86_64")]
     let simd = simd && Isa::Avx2.is_available();
     let group = shape.n_head / shape.n_head_kv;
@@ -214,11 +217,11 @@ fn attn_paged_f16_with(
 /// The query heads `qg` (`[group, head_dim]`) of KV head `kvh` of one token; `out`:
 /// `[group, head_dim]`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn kv_head(
+pub(crate) fn kv_head<R: KvRows>(
     simd: bool,
     qg: &[f32],
-    k: &[u16],
-    v: &[u16],
+    k: R,
+    v: R,
     shape: PagedShape,
     pq: &PagedQuery<'_>,
     kvh: usize,
@@ -231,9 +234,9 @@ pub(crate) fn kv_head(
     scores.clear();
     scores.resize(group * n, 0.0); // [group, n]
     for (i, p) in (pq.lo..pq.hi).enumerate() {
-        let kr = &k[shape.offset(pq.table, p, kvh)..][..hd];
+        let kr = shape.offset(pq.table, p, kvh);
         for g in 0..group {
-            scores[g * n + i] = dot_f16(simd, &qg[g * hd..(g + 1) * hd], kr) * pq.scale;
+            scores[g * n + i] = k.dot(simd, &qg[g * hd..(g + 1) * hd], kr) * pq.scale;
         }
     }
     for s in scores.chunks_exact_mut(n) {
@@ -241,9 +244,9 @@ pub(crate) fn kv_head(
     }
     out.fill(0.0);
     for (i, p) in (pq.lo..pq.hi).enumerate() {
-        let vr = &v[shape.offset(pq.table, p, kvh)..][..hd];
+        let vr = shape.offset(pq.table, p, kvh);
         for g in 0..group {
-            axpy_f16(simd, &mut out[g * hd..(g + 1) * hd], scores[g * n + i], vr);
+            v.axpy(simd, &mut out[g * hd..(g + 1) * hd], scores[g * n + i], vr);
         }
     }
 }

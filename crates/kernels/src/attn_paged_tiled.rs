@@ -17,6 +17,7 @@ mod avx2;
 #[cfg(test)]
 mod tests;
 
+use crate::attn_kv::{F16Rows, KvRows};
 use crate::attn_paged::{OutPtr, PagedQuery, PagedShape, kv_head};
 use crate::pool::ThreadPool;
 use crate::quantdot::{Isa, KernelError, kernels};
@@ -51,7 +52,21 @@ pub fn attn_paged_f16_tiled(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
-    shape.check(queries, q, k, v, out)?;
+    attn_paged_tiled(queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
+}
+
+/// [`attn_paged_f16_tiled`] over any pool element type (f16, q8_0): the same arithmetic on the
+/// exactly widened values.
+pub(crate) fn attn_paged_tiled<R: KvRows>(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: R,
+    v: R,
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    shape.check(queries, q, &k, &v, out)?;
     #[cfg(target_arch = "x86_64")]
     let simd = kernels().isa() >= Isa::Avx2 && Isa::Avx2.is_available();
     #[cfg(not(target_arch = "x86_64"))]
@@ -109,13 +124,13 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
 /// One tile against KV head `kvh`: writes rows `kvh·group..(kvh+1)·group` of its tokens in
 /// the output behind `dst` (`[queries.len(), n_head, head_dim]`).
 #[allow(clippy::too_many_arguments)]
-fn tile_kv_head(
+fn tile_kv_head<R: KvRows>(
     simd: bool,
     tile: &Tile,
     queries: &[PagedQuery<'_>],
     q: &[f32],
-    k: &[u16],
-    v: &[u16],
+    k: R,
+    v: R,
     shape: PagedShape,
     kvh: usize,
     dst: &OutPtr,

@@ -5,7 +5,9 @@
 pub mod attn_amx;
 pub mod attn_decode;
 pub mod attn_group;
+pub mod attn_kv;
 pub mod attn_paged;
+pub mod attn_paged_q8;
 pub mod attn_paged_tiled;
 pub mod attn_prefill;
 pub mod cpu;

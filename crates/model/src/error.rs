@@ -63,6 +63,15 @@ pub enum ModelError {
         /// What is wrong, with names and expected vs found.
         what: String,
     },
+    /// A KV cache element type this backend or model cannot hold (e.g. q8_0 with a head size
+    /// that is not a multiple of 32, or on CUDA).
+    #[error("KV cache type {cache_type}: {why}")]
+    CacheType {
+        /// The type asked for (`q8_0`, ...).
+        cache_type: String,
+        /// Why it cannot be used, and what to use instead.
+        why: String,
+    },
     /// A kernel rejected its data (e.g. an unsupported weight type).
     #[error(transparent)]
     Kernel(#[from] damascus_kernels::reference::KernelError),

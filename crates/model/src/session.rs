@@ -69,6 +69,7 @@ pub const DEFAULT_N_CTX: usize = 4096;
 /// Backend-erased decoder: what a [`Model`] holds.
 trait Engine: Send + Sync {
     fn backend_name(&self) -> &'static str;
+    fn default_cache_type(&self) -> KvCacheType;
     fn load_note(&self) -> Option<String>;
     fn new_session(
         &self,
@@ -99,6 +100,10 @@ trait SessionState: Send {
 impl<B: Backend> Engine for Arc<Decoder<B>> {
     fn backend_name(&self) -> &'static str {
         self.backend().name()
+    }
+
+    fn default_cache_type(&self) -> KvCacheType {
+        self.backend().default_cache_type()
     }
 
     fn load_note(&self) -> Option<String> {
@@ -286,6 +291,17 @@ impl Model {
             Some(n) => n,
             None => DEFAULT_N_CTX.min(config.n_ctx_train as usize).max(1),
         };
+        // A cache type the model's head size cannot take fails here, not at the first request.
+        if let Some(cache_type) = opts.cache_type {
+            crate::backend::KvShape {
+                n_layer: params.n_layer,
+                n_ctx,
+                n_head_kv: params.n_head_kv,
+                head_dim: params.head_dim,
+                cache_type,
+            }
+            .check_cache_type()?;
+        }
         let decoder = Decoder::load(backend, &file, params.clone())?;
         let engine: Box<dyn Engine> = Box::new(Arc::new(decoder));
         Ok(Model {
@@ -321,6 +337,26 @@ impl Model {
     /// Name of the backend running the model.
     pub fn backend_name(&self) -> &'static str {
         self.engine.backend_name()
+    }
+
+    /// The element type of new KV caches (the one asked for at load, else the backend's
+    /// default).
+    pub fn cache_type(&self) -> KvCacheType {
+        self.cache_type
+            .unwrap_or_else(|| self.engine.default_cache_type())
+    }
+
+    /// Bytes one position of a KV cache takes (keys and values of every layer) in
+    /// [`Model::cache_type`]: what `-c` positions cost.
+    pub fn kv_bytes_per_slot(&self) -> usize {
+        crate::backend::KvShape {
+            n_layer: self.params.n_layer,
+            n_ctx: 1,
+            n_head_kv: self.params.n_head_kv,
+            head_dim: self.params.head_dim,
+            cache_type: self.cache_type(),
+        }
+        .bytes_per_slot()
     }
 
     /// What loading did beyond mapping the file (e.g. repacking weights, and how long it took),

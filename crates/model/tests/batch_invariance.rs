@@ -1,7 +1,7 @@
 //! Batch invariance (issue 26): a greedy sequence gives bit-identical logits alone and inside
 //! a batch of 16 with other sequences arriving and leaving, prompts chunked by a token
 //! budget, over a shared paged KV cache with prefix reuse — on the reference backend with the
-//! f32 cache and on the fast CPU path (f16 cache), on the synthetic `tiny-llama3`.
+//! f32 cache and on the fast CPU path (f16 and q8_0 caches), on the synthetic `tiny-llama3`.
 
 mod common;
 
@@ -188,4 +188,23 @@ fn batched_logits_are_bit_identical_on_the_cpu_fast_path() {
         );
         check(&m.unwrap());
     }
+}
+
+#[test]
+fn batched_logits_are_bit_identical_on_the_cpu_q8_0_cache() {
+    let f = common::tiny(Mix::Q4_K_M, "Q4_K_M");
+    for threads in [1, 2] {
+        let m = Model::with_backend(
+            f.clone(),
+            &opts(KvCacheType::Q8_0),
+            CpuBackend::new(Some(threads)),
+        );
+        check(&m.unwrap());
+    }
+}
+
+#[test]
+fn batched_logits_are_bit_identical_on_the_reference_q8_0_cache() {
+    let f = common::tiny(Mix::Q4_K_M, "Q4_K_M");
+    check(&Model::with_backend(f, &opts(KvCacheType::Q8_0), ReferenceBackend).unwrap());
 }

@@ -1,8 +1,8 @@
 //! Issue 29 B3: a prompt computed fresh and computed as a cached prefix plus a suffix give
 //! bit-identical logits on the fast CPU path (and the reference), whatever the split: the
 //! kernel route of a row must not depend on how many rows share its matmul, and every token
-//! attends through the same kernel. The default model on the CPU backend; the synthetic
-//! `tiny-llama3` on the (slow) reference.
+//! attends through the same kernel. The default model on the CPU backend (f16 and q8_0
+//! caches); the synthetic `tiny-llama3` on the (slow) reference.
 
 mod common;
 
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cpu::CpuBackend;
 use damascus_model::backend::reference::ReferenceBackend;
-use damascus_model::{LoadOptions, Model};
+use damascus_model::{KvCacheType, LoadOptions, Model};
 use damascus_quant::recipe::Mix;
 
 fn file() -> Arc<GgufFile> {
@@ -99,4 +99,15 @@ fn cached_prefix_gives_the_fresh_logits_on_the_cpu_backend() {
 fn cached_prefix_gives_the_fresh_logits_on_the_reference() {
     let tiny = common::tiny(Mix::Q4_K_M, "Q4_K_M");
     check(&Model::with_backend(tiny, &opts(), ReferenceBackend).unwrap());
+}
+
+#[test]
+fn cached_prefix_gives_the_fresh_logits_on_a_q8_0_cache() {
+    let opts = LoadOptions {
+        cache_type: Some(KvCacheType::Q8_0),
+        ..opts()
+    };
+    for threads in [1, 2] {
+        check(&Model::with_backend(file(), &opts, CpuBackend::new(Some(threads))).unwrap());
+    }
 }

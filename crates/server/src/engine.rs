@@ -86,6 +86,17 @@ pub fn start(
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(cfg.queue_size);
     let stopping = Arc::new(AtomicBool::new(false));
     Metrics::set(&metrics.kv_blocks_free, n_blocks as u64);
+    let kv_bytes = n_blocks * BLOCK_SIZE * model.kv_bytes_per_slot();
+    Metrics::set(&metrics.kv_cache_bytes, kv_bytes as u64);
+    if cfg.log {
+        eprintln!(
+            "damascus serve: KV cache of {} positions in {} ({:.1} MiB), shared by {} sequences",
+            n_blocks * BLOCK_SIZE,
+            model.cache_type(),
+            kv_bytes as f64 / (1u64 << 20) as f64,
+            cfg.parallel
+        );
+    }
     let engine = Engine {
         cfg: cfg.clone(),
         pool: BlockPool::new(n_blocks, BLOCK_SIZE),

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub kv_blocks_used: AtomicU64,
     /// Gauge: KV-cache blocks free or evictable.
     pub kv_blocks_free: AtomicU64,
+    /// Gauge: bytes of the shared KV cache (`-c` positions in `--cache-type`).
+    pub kv_cache_bytes: AtomicU64,
     /// Prompt tokens looked up in the prefix cache (a counter, set from the pool).
     pub prefix_lookup_tokens: AtomicU64,
     /// Of those, tokens found there (a counter, set from the pool).
@@ -169,7 +171,7 @@ impl Metrics {
         } else {
             g(&self.prefix_hit_tokens) as f64 / lookups as f64
         };
-        let batch: [(&str, &str, &str, f64); 8] = [
+        let batch: [(&str, &str, &str, f64); 9] = [
             (
                 "batch_tokens",
                 "gauge",
@@ -187,6 +189,12 @@ impl Metrics {
                 "gauge",
                 "KV-cache blocks free or evictable",
                 g(&self.kv_blocks_free) as f64,
+            ),
+            (
+                "kv_cache_bytes",
+                "gauge",
+                "Bytes of the shared KV cache (-c positions in --cache-type)",
+                g(&self.kv_cache_bytes) as f64,
             ),
             (
                 "prefix_lookup_tokens_total",

@@ -57,6 +57,8 @@ pub struct Args {
     /// Run on the scalar reference backend instead of the fast CPU backend.
     #[arg(long)]
     reference: bool,
+    #[command(flatten)]
+    cache: super::generate::CacheTypeArgs,
     /// Print JSON instead of a markdown table.
     #[arg(long)]
     json: bool,
@@ -73,6 +75,7 @@ impl Default for Args {
             repetitions: 10,
             threads: None,
             reference: false,
+            cache: Default::default(),
             json: false,
         }
     }
@@ -271,7 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         backend: args.backend.kind(args.reference, Some(threads))?,
         no_repack: args.backend.no_repack,
         kernel: super::kernel_settings()?,
-        ..Default::default()
+        cache_type: args.cache.resolve()?,
     };
     let t_load = Instant::now();
     let model = Model::load(&path, &opts).with_context(|| format!("loading {}", path.display()))?;
@@ -291,6 +294,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         |n| n.to_string_lossy().into(),
     );
     let backend = model.backend_name();
+    let cache_type = model.cache_type();
     let threads = if args.reference { 1 } else { threads };
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -356,6 +360,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "model_n_params": n_params,
             "backend": backend,
             "n_threads": threads,
+            "type_k": cache_type.name(),
+            "type_v": cache_type.name(),
             "repetitions": args.repetitions,
             "peak_rss_bytes": peak_rss,
             "load_s": load_s,
@@ -386,7 +392,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!();
     if let Some(b) = peak_rss {
         println!(
-            "peak RSS {:.1} MiB · {} runs per test after one warm-up",
+            "peak RSS {:.1} MiB · {} runs per test after one warm-up · KV cache {cache_type}",
             b as f64 / (1u64 << 20) as f64,
             args.repetitions
         );

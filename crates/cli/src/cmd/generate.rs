@@ -34,6 +34,70 @@ pub enum CacheType {
     /// 16-bit floats (half the memory).
     #[default]
     F16,
+    /// llama.cpp's q8_0: 32 values share one f16 scale (about 1.9x the positions of f16 in
+    /// the same memory; CPU backend).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl CacheType {
+    fn kv(self) -> KvCacheType {
+        match self {
+            CacheType::F32 => KvCacheType::F32,
+            CacheType::F16 => KvCacheType::F16,
+            CacheType::Q8_0 => KvCacheType::Q8_0,
+        }
+    }
+}
+
+/// The KV cache type flags, with llama.cpp's spellings (`-ctk`/`-ctv` are rewritten to the
+/// long ones before parsing). Keys and values share one type here: the flags must agree.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct CacheTypeArgs {
+    /// KV cache element type of keys and values [default: f16 on the fast path, f32 on
+    /// --reference; CUDA: f16 only]. q8_0 needs a head size that is a multiple of 32.
+    #[arg(long, value_enum, value_name = "TYPE", ignore_case = true)]
+    pub cache_type: Option<CacheType>,
+    /// Key cache type (llama.cpp's -ctk); must equal --cache-type-v.
+    #[arg(
+        long = "cache-type-k",
+        value_enum,
+        value_name = "TYPE",
+        ignore_case = true
+    )]
+    pub cache_type_k: Option<CacheType>,
+    /// Value cache type (llama.cpp's -ctv); must equal --cache-type-k.
+    #[arg(
+        long = "cache-type-v",
+        value_enum,
+        value_name = "TYPE",
+        ignore_case = true
+    )]
+    pub cache_type_v: Option<CacheType>,
+}
+
+impl CacheTypeArgs {
+    /// The one type the flags name (`None`: the backend's default), or an error when they
+    /// disagree.
+    pub fn resolve(&self) -> anyhow::Result<Option<KvCacheType>> {
+        let given = [
+            ("--cache-type", self.cache_type),
+            ("--cache-type-k (-ctk)", self.cache_type_k),
+            ("--cache-type-v (-ctv)", self.cache_type_v),
+        ];
+        let mut it = given.iter().filter_map(|(f, t)| t.map(|t| (*f, t.kv())));
+        let Some((flag, first)) = it.next() else {
+            return Ok(None);
+        };
+        for (other, t) in it {
+            if t != first {
+                bail!(
+                    "{flag} {first} and {other} {t} differ: keys and values share one cache type here (give the same type, e.g. -ctk q8_0 -ctv q8_0)"
+                );
+            }
+        }
+        Ok(Some(first))
+    }
 }
 
 /// Model and engine flags shared by `generate`, `run` and `chat`.
@@ -54,16 +118,17 @@ pub struct LoadArgs {
     /// Force the scalar f32 reference path (no activation quantization).
     #[arg(long)]
     pub reference: bool,
-    /// Context length (KV cache positions); default min(training context, 4096).
+    /// Context length (KV cache positions; `serve`: all sequences together); default
+    /// min(training context, 4096). A position holds keys and values of every layer: 2 bytes
+    /// per element in f16, 34 bytes per 32 in q8_0 (about 1.9x the positions per byte).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Threads of the CPU backend (default: one per physical core; 0 = all cores; clamped to
     /// the available cores).
     #[arg(short = 't', long = "threads", conflicts_with = "reference")]
     pub threads: Option<usize>,
-    /// KV cache element type [default: f16 on the fast path, f32 on --reference].
-    #[arg(long, value_enum)]
-    pub cache_type: Option<CacheType>,
+    #[command(flatten)]
+    pub cache: CacheTypeArgs,
 }
 
 impl EngineArgs {
@@ -84,10 +149,7 @@ impl LoadArgs {
                 .kind(self.reference, super::threads(self.threads))?,
             no_repack: self.backend.no_repack,
             kernel: super::kernel_settings()?,
-            cache_type: self.cache_type.map(|t| match t {
-                CacheType::F32 => KvCacheType::F32,
-                CacheType::F16 => KvCacheType::F16,
-            }),
+            cache_type: self.cache.resolve()?,
         };
         let model =
             Model::load(path, &opts).with_context(|| format!("loading {}", path.display()))?;

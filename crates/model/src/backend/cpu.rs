@@ -9,7 +9,8 @@
 //! once per matmul (Q8_K for K-quants, Q8_0/Q8_1 for the legacy types) and multiplied with the
 //! SIMD dot products of [`damascus_kernels::quantdot`] (ISA chosen once at run time). Work is
 //! split over the kernels' persistent [`ThreadPool`]. The KV cache is head-major, f16 by default (attention
-//! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads).
+//! with [`attn_decode_f16`]) or f32 on request (a plain per-head f32 loop, split over heads),
+//! or q8_0 (batched path only: `paged.rs`, [`damascus_kernels::attn_paged_q8`]).
 //!
 //! Work split:
 //! * one token (decode): every matrix is split by rows across the threads; Q/K/V and gate/up
@@ -254,6 +255,11 @@ enum KvStore {
     F16 { k: Vec<Vec<u16>>, v: Vec<Vec<u16>> },
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` f32 (keys, then values).
     F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// Per layer: `[n_head_kv, n_ctx, head_dim]` q8_0 (keys, then values; paged path only).
+    Q8 {
+        k: Vec<paged::Q8Layer>,
+        v: Vec<paged::Q8Layer>,
+    },
 }
 
 /// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into
@@ -589,6 +595,7 @@ impl Backend for CpuBackend {
                 k: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
                 v: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
             },
+            KvCacheType::Q8_0 => paged::q8_store(shape)?,
         };
         Ok(CpuKvCache { shape, store })
     }
@@ -802,6 +809,12 @@ impl Backend for CpuBackend {
                 what: format!("attention: no cache for layer {layer}"),
             };
             let (kc, vc) = match &mut cache.store {
+                KvStore::Q8 { .. } => {
+                    return Err(ModelError::CacheType {
+                        cache_type: "q8_0".into(),
+                        why: "the CPU backend reads a q8_0 cache only through batched (paged) attention".into(),
+                    });
+                }
                 KvStore::F16 { k: ks, v: vs } => (ks.get_mut(layer), vs.get_mut(layer)),
                 KvStore::F32 { k: ks, v: vs } => {
                     let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {

@@ -92,6 +92,79 @@ pub enum KvCacheType {
     F16,
     /// 32-bit floats (the reference backend's default).
     F32,
+    /// llama.cpp's q8_0: per 32 values of a head's row one f16 scale `d = amax / 127` and 32
+    /// i8 `round(x / d)` (34 bytes per 32 values, ≈ 1.88× the positions of f16 in the same
+    /// memory). The CPU backend stores it; the reference backend emulates it (quantizes, then
+    /// dequantizes on write); head sizes must be multiples of 32.
+    Q8_0,
+}
+
+impl KvCacheType {
+    /// The name users spell (`--cache-type`): `f16`, `f32`, `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheType::F16 => "f16",
+            KvCacheType::F32 => "f32",
+            KvCacheType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes of one key (or value) row of `head_dim` elements.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvCacheType::F16 => 2 * head_dim,
+            KvCacheType::F32 => 4 * head_dim,
+            KvCacheType::Q8_0 => head_dim + 2 * head_dim.div_ceil(32),
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvCacheType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvCacheType::F16),
+            "f32" => Ok(KvCacheType::F32),
+            "q8_0" => Ok(KvCacheType::Q8_0),
+            _ => Err(format!(
+                "unknown KV cache type '{s}' (expected f16, q8_0 or f32)"
+            )),
+        }
+    }
+}
+
+impl KvShape {
+    /// Bytes of one position (slot) of every layer: keys and values of every KV head.
+    pub fn bytes_per_slot(&self) -> usize {
+        2 * self.n_layer * self.n_head_kv * self.cache_type.row_bytes(self.head_dim)
+    }
+
+    /// Bytes of the whole cache (`n_ctx` slots).
+    pub fn bytes(&self) -> usize {
+        self.n_ctx.saturating_mul(self.bytes_per_slot())
+    }
+
+    /// A clear error when the element type cannot hold this geometry (q8_0 needs whole
+    /// 32-value blocks per head row).
+    pub fn check_cache_type(&self) -> Result<(), ModelError> {
+        if self.cache_type == KvCacheType::Q8_0 && !self.head_dim.is_multiple_of(32) {
+            return Err(ModelError::CacheType {
+                cache_type: self.cache_type.name().into(),
+                why: format!(
+                    "needs a head size that is a multiple of 32; this model's is {} (use --cache-type f16)",
+                    self.head_dim
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Rotary embedding parameters, fixed at load.

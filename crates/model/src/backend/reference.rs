@@ -27,7 +27,8 @@ pub struct HostAct {
 }
 
 /// The KV cache of every layer, held in f32 (values f16-rounded when `shape.cache_type` is
-/// [`KvCacheType::F16`]).
+/// [`KvCacheType::F16`], quantized to q8_0 and back when it is [`KvCacheType::Q8_0`]: what
+/// the fast backend's cache gives back, exactly).
 #[derive(Debug)]
 pub struct HostKvCache {
     shape: KvShape,
@@ -35,6 +36,22 @@ pub struct HostKvCache {
     k: Vec<Vec<f32>>,
     /// Per layer: `[n_ctx, n_head_kv, head_dim]` f32 values.
     v: Vec<Vec<f32>>,
+}
+
+/// Rounds freshly written cache rows `xs` (whole rows of `n_head_kv · head_dim`) to what a
+/// cache of `ty` holds: f16, or q8_0 (per 32 values: quantize, dequantize), or f32 unchanged.
+pub(super) fn store_rounding(ty: KvCacheType, xs: &mut [f32]) -> Result<(), ModelError> {
+    match ty {
+        KvCacheType::F32 => {}
+        KvCacheType::F16 => xs.iter_mut().for_each(|x| *x = f16_to_f32(f32_to_f16(*x))),
+        KvCacheType::Q8_0 => {
+            damascus_kernels::attn_kv::round_trip_q8_0(xs).map_err(|e| ModelError::CacheType {
+                cache_type: ty.name().into(),
+                why: e.to_string(),
+            })?
+        }
+    }
+    Ok(())
 }
 
 /// Checks that a buffer has the expected number of elements (shared by the host backends).
@@ -207,6 +224,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<HostKvCache, ModelError> {
+        shape.check_cache_type()?;
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
         // Zeroed allocations are lazily backed by the OS: only used positions cost memory.
         Ok(HostKvCache {
@@ -288,11 +306,8 @@ impl Backend for ReferenceBackend {
         let span = pos0 * kv_width..(pos0 + n_tokens) * kv_width;
         kc[span.clone()].copy_from_slice(&kk.data);
         vc[span.clone()].copy_from_slice(&v.data);
-        if cache.shape.cache_type == KvCacheType::F16 {
-            for x in kc[span.clone()].iter_mut().chain(vc[span].iter_mut()) {
-                *x = f16_to_f32(f32_to_f16(*x));
-            }
-        }
+        store_rounding(cache.shape.cache_type, &mut kc[span.clone()])?;
+        store_rounding(cache.shape.cache_type, &mut vc[span])?;
         let valid = (pos0 + n_tokens) * kv_width;
         k::attention_window(
             &q.data,

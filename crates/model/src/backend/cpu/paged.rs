@@ -8,13 +8,38 @@
 use std::sync::Arc;
 
 use damascus_kernels::attn_group::attn_paged_f16_grouped;
+use damascus_kernels::attn_kv::{Q8Rows, quantize_q8_0};
 use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
+use damascus_kernels::attn_paged_q8::{attn_paged_q8, attn_paged_q8_grouped};
 use damascus_kernels::reference as k;
 
 use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
 use crate::backend::reference::{HostAct, check_len};
 use crate::backend::{AttnSpec, KvShape, PagedBatch, RopeParams};
 use crate::error::ModelError;
+
+/// One layer's keys (or values) in q8_0: the i8 values and one f16 scale per 32 of them.
+#[derive(Debug)]
+pub(super) struct Q8Layer {
+    /// `[n_head_kv, n_ctx, head_dim]` quantized values.
+    qs: Vec<i8>,
+    /// `[n_head_kv, n_ctx, head_dim / 32]` f16 bits: the scale of each 32 values.
+    d: Vec<u16>,
+}
+
+/// A zeroed q8_0 store for `shape` (head sizes multiple of 32, else a clear error).
+pub(super) fn q8_store(shape: KvShape) -> Result<KvStore, ModelError> {
+    shape.check_cache_type()?;
+    let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
+    let layer = || Q8Layer {
+        qs: vec![0i8; per_layer],
+        d: vec![0u16; per_layer / 32],
+    };
+    Ok(KvStore::Q8 {
+        k: (0..shape.n_layer).map(|_| layer()).collect(),
+        v: (0..shape.n_layer).map(|_| layer()).collect(),
+    })
+}
 
 /// RoPE angle tables kept between the layers of a forward pass (Gemma 3 alternates two bases).
 const ROPE_TABLES: usize = 2;
@@ -156,52 +181,58 @@ impl CpuBackend {
             what: format!("attention: no cache for layer {layer}"),
         };
         let scale = 1.0 / (hd as f32).sqrt();
+        let queries: Vec<PagedQuery<'_>> = batch
+            .seqs
+            .iter()
+            .flat_map(|s| {
+                (0..s.rows.len()).map(move |t| PagedQuery {
+                    table: s.table,
+                    lo: attn.first_visible(s.pos0 + t),
+                    hi: s.pos0 + t + 1,
+                    scale,
+                })
+            })
+            .collect();
+        let pshape = PagedShape {
+            n_head: shape.n_head,
+            n_head_kv,
+            head_dim: hd,
+            n_slots,
+            block_size: bs,
+        };
+        // Decode rows (one per sequence) a GQA group at a time; prompt chunks in tiles of
+        // consecutive tokens sharing each K/V row. Both give the per-token kernel's results bit
+        // for bit (f16 and q8_0 alike), so the route never changes a logit.
+        let decode_only = batch.seqs.iter().all(|s| s.rows.len() == 1);
+        // Each new row's slot: (activation row, head-major element offset of KV head 0).
+        let writes = || {
+            batch.seqs.iter().flat_map(move |s| {
+                s.rows
+                    .clone()
+                    .enumerate()
+                    .map(move |(t, row)| (row, slot(s.table, s.pos0 + t)))
+            })
+        };
         match &mut cache.store {
             KvStore::F16 { k: ks, v: vs } => {
                 let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
                     (Some(kc), Some(vc)) => (kc, vc),
                     _ => return Err(no_layer()),
                 };
-                for s in batch.seqs {
-                    for (t, row) in s.rows.clone().enumerate() {
-                        let sl = slot(s.table, s.pos0 + t);
-                        for h in 0..n_head_kv {
-                            let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
-                            let dst = (h * n_slots + sl) * hd;
-                            damascus_kernels::elementwise::f32_to_f16_slice(
-                                &kk.data[src.clone()],
-                                &mut kc[dst..dst + hd],
-                            );
-                            damascus_kernels::elementwise::f32_to_f16_slice(
-                                &v.data[src],
-                                &mut vc[dst..dst + hd],
-                            );
-                        }
+                for (row, sl) in writes() {
+                    for h in 0..n_head_kv {
+                        let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
+                        let dst = (h * n_slots + sl) * hd;
+                        damascus_kernels::elementwise::f32_to_f16_slice(
+                            &kk.data[src.clone()],
+                            &mut kc[dst..dst + hd],
+                        );
+                        damascus_kernels::elementwise::f32_to_f16_slice(
+                            &v.data[src],
+                            &mut vc[dst..dst + hd],
+                        );
                     }
                 }
-                let queries: Vec<PagedQuery<'_>> = batch
-                    .seqs
-                    .iter()
-                    .flat_map(|s| {
-                        (0..s.rows.len()).map(move |t| PagedQuery {
-                            table: s.table,
-                            lo: attn.first_visible(s.pos0 + t),
-                            hi: s.pos0 + t + 1,
-                            scale,
-                        })
-                    })
-                    .collect();
-                let pshape = PagedShape {
-                    n_head: shape.n_head,
-                    n_head_kv,
-                    head_dim: hd,
-                    n_slots,
-                    block_size: bs,
-                };
-                // Decode rows (one per sequence) a GQA group at a time; prompt chunks in tiles
-                // of consecutive tokens sharing each K/V row. Both give `attn_paged_f16`'s
-                // per-token results bit for bit, so the route never changes a logit.
-                let decode_only = batch.seqs.iter().all(|s| s.rows.len() == 1);
                 let attend = if decode_only {
                     attn_paged_f16_grouped
                 } else {
@@ -212,6 +243,46 @@ impl CpuBackend {
                     &q.data,
                     kc,
                     vc,
+                    pshape,
+                    &mut out.data,
+                    Some(&self.pool),
+                )
+                .map_err(|e| kernel_err("attention", e))
+            }
+            KvStore::Q8 { k: ks, v: vs } => {
+                let (kc, vc) = match (ks.get_mut(layer), vs.get_mut(layer)) {
+                    (Some(kc), Some(vc)) => (kc, vc),
+                    _ => return Err(no_layer()),
+                };
+                // Quantized on write, one head row (whole 32-value blocks) at a time.
+                let put = |c: &mut Q8Layer, src: &[f32], dst: usize| {
+                    quantize_q8_0(
+                        src,
+                        &mut c.qs[dst..dst + hd],
+                        &mut c.d[dst / 32..(dst + hd) / 32],
+                    )
+                    .map_err(|e| kernel_err("attention", e))
+                };
+                for (row, sl) in writes() {
+                    for h in 0..n_head_kv {
+                        let src = row * kv_width + h * hd..row * kv_width + (h + 1) * hd;
+                        let dst = (h * n_slots + sl) * hd;
+                        put(kc, &kk.data[src.clone()], dst)?;
+                        put(vc, &v.data[src], dst)?;
+                    }
+                }
+                let kr = Q8Rows::new(&kc.qs, &kc.d).map_err(|e| kernel_err("attention", e))?;
+                let vr = Q8Rows::new(&vc.qs, &vc.d).map_err(|e| kernel_err("attention", e))?;
+                let attend = if decode_only {
+                    attn_paged_q8_grouped
+                } else {
+                    attn_paged_q8
+                };
+                attend(
+                    &queries,
+                    &q.data,
+                    kr,
+                    vr,
                     pshape,
                     &mut out.data,
                     Some(&self.pool),

@@ -4,11 +4,10 @@
 //! order (a private cache, whose blocks are the first ones in order, is read in place), then
 //! the reference attention runs per sequence, exactly as for a sequence alone.
 
-use damascus_kernels::quantdot::{f16_to_f32, f32_to_f16};
 use damascus_kernels::reference as k;
 
 use super::{HostAct, HostKvCache, check_len};
-use crate::backend::{AttnSpec, KvCacheType, PagedBatch, RopeParams};
+use crate::backend::{AttnSpec, PagedBatch, RopeParams};
 use crate::error::ModelError;
 
 /// See [`crate::backend::Backend::attention_batch`].
@@ -44,7 +43,7 @@ pub(super) fn attention_batch(
         }
     };
     let n_blocks = n_slots / bs.max(1);
-    let f16 = cache.shape.cache_type == KvCacheType::F16;
+    let cache_type = cache.shape.cache_type;
     let mut covered = 0;
     let (mut kg, mut vg) = (Vec::new(), Vec::new());
     for s in batch.seqs {
@@ -76,14 +75,8 @@ pub(super) fn attention_batch(
             let src = (s.rows.start + t) * kv_width;
             kc[dst..dst + kv_width].copy_from_slice(&kk.data[src..src + kv_width]);
             vc[dst..dst + kv_width].copy_from_slice(&v.data[src..src + kv_width]);
-            if f16 {
-                for x in kc[dst..dst + kv_width]
-                    .iter_mut()
-                    .chain(vc[dst..dst + kv_width].iter_mut())
-                {
-                    *x = f16_to_f32(f32_to_f16(*x));
-                }
-            }
+            super::store_rounding(cache_type, &mut kc[dst..dst + kv_width])?;
+            super::store_rounding(cache_type, &mut vc[dst..dst + kv_width])?;
         }
         let o = &mut out.data[s.rows.start * q_width..s.rows.end * q_width];
         let qr = &q.data[s.rows.start * q_width..s.rows.end * q_width];

@@ -1,0 +1,105 @@
+//! `--cache-type` and llama.cpp's `-ctk`/`-ctv` (`--cache-type-k`/`--cache-type-v`) through
+//! the real binary: the spellings agree, disagreeing or unknown types are clear errors, `bench`
+//! reports the type, `serve --help` says what `-c` and `--cache-type` mean.
+//!
+//! The model is `$DAMASCUS_TEST_MODEL`, else the binary's default model (pulled on first use).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn model() -> PathBuf {
+    std::env::var_os("DAMASCUS_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| damascus_hub::default_model_path().expect("default model"))
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_damascus"))
+        .args(args)
+        .arg("-m")
+        .arg(model())
+        .output()
+        .expect("running damascus")
+}
+
+/// The greedy text of `generate --json` with `flags`.
+fn greedy(flags: &[&str]) -> String {
+    let mut args = vec![
+        "generate",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--json",
+    ];
+    args.extend_from_slice(flags);
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("generate --json");
+    v["text"].as_str().expect("text").to_string()
+}
+
+#[test]
+fn every_spelling_of_q8_0_gives_the_same_text() {
+    let want = greedy(&["--cache-type", "q8_0"]);
+    assert!(!want.is_empty());
+    assert_eq!(greedy(&["-ctk", "q8_0", "-ctv", "q8_0"]), want);
+    assert_eq!(greedy(&["-ctk=q8_0", "-ctv=q8_0"]), want);
+    assert_eq!(
+        greedy(&["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"]),
+        want
+    );
+    assert_eq!(greedy(&["--cache-type", "Q8_0", "-ctk", "q8_0"]), want);
+    // f16 stays the default.
+    assert_eq!(greedy(&[]), greedy(&["-ctk", "f16", "-ctv", "f16"]));
+}
+
+#[test]
+fn disagreeing_or_unknown_types_are_clear_errors() {
+    let out = run(&[
+        "generate", "-p", "hi", "-n", "1", "-ctk", "q8_0", "-ctv", "f16",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("differ") && err.contains("-ctk"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = run(&["run", "hi", "--cache-type", "q4_0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("q4_0") && err.contains("q8_0"), "{err}");
+}
+
+#[test]
+fn bench_reports_the_cache_type() {
+    let out = run(&[
+        "bench", "-p", "0", "-n", "2", "-r", "1", "-ctk", "q8_0", "-ctv", "q8_0", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
+    assert_eq!(v["type_k"], "q8_0", "{v}");
+    assert_eq!(v["type_v"], "q8_0", "{v}");
+}
+
+#[test]
+fn serve_help_says_what_c_and_cache_type_mean() {
+    let out = Command::new(env!("CARGO_BIN_EXE_damascus"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("running damascus");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--cache-type") && help.contains("q8_0"),
+        "{help}"
+    );
+    assert!(help.contains("--ctx-size"), "{help}");
+}
