@@ -54,9 +54,6 @@ use crate::quantdot::KernelError;
 use super::WeightRef;
 use super::int8::{Int8Path, NT, Panel, QActs, ROWS, gemm_panels};
 
-/// Most tokens per call of the VNNI GEMV micro-kernels ([`vnni::micro_wide`] above [`NT`]).
-const NT_WIDE: usize = 8;
-
 /// Quant storage of a packed type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Quants {
@@ -719,14 +716,11 @@ impl PackedMatrix {
             )));
         }
         self.check(path, x, out.len().min(need), need)?;
-        // Tokens per micro-kernel call: the VNNI kernels take up to 8 (one pass over a
-        // panel's records for all of them), the others 4.
-        let width = if path == Int8Path::Vnni { NT_WIDE } else { NT };
         for (i, p) in panels.enumerate() {
             let panel = self.panel(p);
             let mut t = 0;
             while t < x.n_tokens {
-                let n = (x.n_tokens - t).min(width);
+                let n = (x.n_tokens - t).min(NT);
                 let o = &mut out[t * stride + i * ROWS..];
                 // SAFETY: the path is available (checked); tokens t..t + n < n_tokens, and
                 // `o` holds rows 0..32 of token j at j · stride (`need` ≤ out.len()).
@@ -761,8 +755,7 @@ impl PackedMatrix {
         Ok(())
     }
 
-    /// `n` tokens (≤ [`NT_WIDE`] on VNNI, ≤ [`NT`] otherwise) from `t0` times one panel into
-    /// `out[j · stride + r]`.
+    /// `n` (≤ 4) tokens from `t0` times one panel into `out[j · stride + r]`.
     ///
     /// # Safety
     /// `path` is available; tokens `t0..t0 + n` lie in `x`; `out` holds `(n − 1) · stride + 32`
@@ -791,23 +784,6 @@ impl PackedMatrix {
                         _ => unreachable!("n ≤ 4"),
                     }
                 };
-                (wide $q:ident, $s:ident) => {
-                    match n {
-                        5 => by_tokens!(@ vnni, $q, $s, 5, micro_wide),
-                        6 => by_tokens!(@ vnni, $q, $s, 6, micro_wide),
-                        7 => by_tokens!(@ vnni, $q, $s, 7, micro_wide),
-                        8 => by_tokens!(@ vnni, $q, $s, 8, micro_wide),
-                        _ => by_tokens!(vnni, $q, $s),
-                    }
-                };
-                (@ $m:ident, $q:ident, $s:ident, $n:literal, $f:ident) => {
-                    // SAFETY: forwarded from the caller.
-                    unsafe {
-                        $m::$f::<$n, $q, $s>(
-                            panel, self.cols, self.mmul, x, t0, out, stride, pf,
-                        )
-                    }
-                };
                 (@ $m:ident, $q:ident, $s:ident, $n:literal) => {
                     // SAFETY: forwarded from the caller.
                     unsafe {
@@ -819,7 +795,7 @@ impl PackedMatrix {
             }
             macro_rules! on_vnni {
                 ($q:ident, $s:ident) => {
-                    by_tokens!(wide $q, $s)
+                    by_tokens!(vnni, $q, $s)
                 };
             }
             macro_rules! on_avx2 {
