@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use damascus_model::Model;
+use damascus_model::backend::host_argmax;
 use damascus_model::batch::{PagedCache, SeqInput};
 use damascus_model::kv_pool::{BlockPool, BlockTable};
 use damascus_runtime::generate::{Completion, StopReason, Timings, TokenEvent};
@@ -61,12 +62,106 @@ pub struct EngineConfig {
     /// Most prompt tokens of one pass while other sequences are decoding (`--prefill-chunk`;
     /// at least 1): smaller chunks bound the decoding streams' inter-token latency while a long
     /// prompt arrives, at the cost of that prompt's time to first token. Set to
-    /// `batch_tokens` it changes nothing.
-    pub prefill_chunk: usize,
+    /// `batch_tokens` it changes nothing. `None`: sized from the measured step times
+    /// ([`ChunkPolicy`]) so a step with a prompt chunk costs about two decode steps.
+    pub prefill_chunk: Option<usize>,
     /// Most requests waiting (more get 503).
     pub queue_size: usize,
     /// One log line per request on stderr.
     pub log: bool,
+}
+
+/// Fewest prompt tokens an adaptive chunk gets (below this the matmuls leave the prompt
+/// GEMM and a prompt's time to first token grows faster than its neighbours' latency falls).
+pub const MIN_ADAPTIVE_CHUNK: usize = 16;
+
+/// Sizes the prompt chunk of a step in which other sequences decode, from the step times
+/// measured so far: a pure decode step's time for `d` decoding rows (`decode_ms[d]`, moving
+/// average) and a prompt token's share of a step (`token_ms`, moving average of the time a
+/// step took beyond its decode part, per prompt token). The chunk is the number of prompt
+/// tokens that fit in one more decode step's time, so while a long prompt arrives the
+/// decoding streams' inter-token latency stays near twice a decode step instead of growing
+/// with `-b`. Until those times are known for `d` (the first steps), chunks are `-b`.
+///
+/// The engine limits only prompts that arrived while a stream was already decoding: requests
+/// that arrive together (a burst) prefill at full size, which keeps their batch together and
+/// the aggregate throughput up (measured: a 16..40-token chunk during an 8-request burst cost
+/// a quarter of the aggregate tok/s).
+#[derive(Debug, Clone)]
+pub struct ChunkPolicy {
+    /// `Some(n)`: always `n` (`--prefill-chunk`).
+    fixed: Option<usize>,
+    /// Upper bound and fallback (`-b`).
+    max: usize,
+    /// `[d]`: ms of a pure decode step of `d` rows.
+    decode_ms: Vec<Option<f64>>,
+    token_ms: Option<f64>,
+}
+
+impl ChunkPolicy {
+    /// Weight of the newest sample in the moving averages.
+    const ALPHA: f64 = 0.25;
+
+    /// A policy with chunks of at most `max` tokens; `fixed` pins the chunk.
+    pub fn new(fixed: Option<usize>, max: usize) -> ChunkPolicy {
+        ChunkPolicy {
+            fixed: fixed.map(|n| n.max(1)),
+            max: max.max(1),
+            decode_ms: Vec::new(),
+            token_ms: None,
+        }
+    }
+
+    /// Whether chunks are sized from the step times (no `--prefill-chunk`).
+    pub fn adaptive(&self) -> bool {
+        self.fixed.is_none()
+    }
+
+    /// Most prompt tokens for the next step while `decode_rows` other sequences decode.
+    pub fn chunk(&self, decode_rows: usize) -> usize {
+        if let Some(n) = self.fixed {
+            return n;
+        }
+        let d = self.decode_ms.get(decode_rows).copied().flatten();
+        match (d, self.token_ms) {
+            (Some(d), Some(t)) if t > 0.0 => {
+                let n = (d / t).floor();
+                // `as` saturates; both are finite and t > 0, so n is not NaN.
+                (n as usize).clamp(MIN_ADAPTIVE_CHUNK.min(self.max), self.max)
+            }
+            _ => self.max,
+        }
+    }
+
+    /// Records a step of `decode_rows` one-token rows and `prompt_tokens` prompt tokens that
+    /// took `ms`.
+    pub fn observe(&mut self, decode_rows: usize, prompt_tokens: usize, ms: f64) {
+        let avg =
+            |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + Self::ALPHA * (new - o)));
+        if !ms.is_finite() || ms < 0.0 {
+            return;
+        }
+        if prompt_tokens == 0 {
+            if decode_rows > 0 {
+                if self.decode_ms.len() <= decode_rows {
+                    self.decode_ms.resize(decode_rows + 1, None);
+                }
+                self.decode_ms[decode_rows] = avg(self.decode_ms[decode_rows], ms);
+            }
+            return;
+        }
+        let decode_part = match decode_rows {
+            0 => 0.0,
+            d => match self.decode_ms.get(d).copied().flatten() {
+                Some(t) => t,
+                // Unknown for this many rows: the sample would charge their decode time to
+                // the prompt tokens.
+                None => return,
+            },
+        };
+        let per = (ms - decode_part).max(0.0) / prompt_tokens as f64;
+        self.token_ms = avg(self.token_ms, per);
+    }
 }
 
 /// Starts the engine thread.
@@ -241,7 +336,14 @@ impl<'t> Seq<'t> {
             let t0 = self.admitted.unwrap_or(now);
             self.timings.prompt_ms = ms(now - t0);
         }
-        let id = self.sampler.sample(logits).map_err(|e| e.to_string())?;
+        let cfg = &self.job.generate;
+        // Plain greedy without logprobs needs only the argmax (as the generator's
+        // `eval_argmax`): no candidate list of the whole vocabulary on the engine thread.
+        let id = if self.sampler.is_plain_greedy() && !cfg.logprobs && cfg.top_logprobs == 0 {
+            host_argmax(logits)
+        } else {
+            self.sampler.sample(logits).map_err(|e| e.to_string())?
+        };
         self.sampler.accept(id);
         if self.n_generated() == 0
             && let Some(t0) = self.admitted
@@ -249,7 +351,6 @@ impl<'t> Seq<'t> {
             self.timings.ttft_ms = ms(t0.elapsed());
         }
         self.all.push(id);
-        let cfg = &self.job.generate;
         let logprob = cfg.logprobs.then(|| token_logprob(logits, id)).flatten();
         let top = if cfg.top_logprobs > 0 {
             top_logprobs(logits, cfg.top_logprobs)
@@ -387,6 +488,7 @@ impl Engine {
         let mut waiting: VecDeque<Seq<'_>> = VecDeque::new();
         let mut running: Vec<Seq<'_>> = Vec::new();
         let mut admits = 0u64;
+        let mut chunk_policy = ChunkPolicy::new(self.cfg.prefill_chunk, self.cfg.batch_tokens);
         let mut rate = Rate {
             since: Instant::now(),
             prompt: 0,
@@ -486,14 +588,29 @@ impl Engine {
                     budget -= 1;
                 }
             }
-            // While streams decode, prompts get at most `prefill_chunk` tokens of the pass.
-            if chunks.contains(&1) {
-                budget = budget.min(self.cfg.prefill_chunk.max(1));
+            // While streams decode, prompts get at most a chunk of the pass: `prefill_chunk`,
+            // or, sized from the step times, for prompts that arrived after a stream had
+            // started decoding (a burst of requests prefills at full size).
+            let decoding = chunks.iter().filter(|&&c| c == 1).count();
+            let first_decoder = running
+                .iter()
+                .zip(&chunks)
+                .filter(|(_, c)| **c == 1)
+                .filter_map(|(s, _)| s.prefill_end)
+                .min();
+            if decoding > 0 && !chunk_policy.adaptive() {
+                budget = budget.min(chunk_policy.chunk(decoding));
             }
             for (c, s) in chunks.iter_mut().zip(&running) {
                 let left = s.all.len() - s.n_past;
                 if left > 1 && budget > 0 {
-                    *c = left.min(budget);
+                    let cap = match first_decoder {
+                        Some(t) if chunk_policy.adaptive() && t < s.job.enqueued => {
+                            chunk_policy.chunk(decoding)
+                        }
+                        _ => budget,
+                    };
+                    *c = left.min(budget).min(cap);
                     budget -= *c;
                 }
             }
@@ -542,7 +659,10 @@ impl Engine {
                 })
                 .collect();
             let n_rows: usize = chunks.iter().sum();
+            let decode_rows = chunks.iter().filter(|&&c| c == 1).count();
+            let t0 = Instant::now();
             let result = self.cache.forward(&inputs);
+            chunk_policy.observe(decode_rows, n_rows - decode_rows, ms(t0.elapsed()));
             drop(inputs);
             let logits = match result {
                 Ok(l) => l,
@@ -630,5 +750,77 @@ impl Engine {
         let st = self.pool.stats();
         Metrics::set(&m.prefix_lookup_tokens, st.lookup_tokens);
         Metrics::set(&m.prefix_hit_tokens, st.hit_tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_chunk_wins() {
+        let mut p = ChunkPolicy::new(Some(64), 512);
+        p.observe(16, 0, 10.0);
+        p.observe(16, 64, 40.0);
+        assert_eq!(p.chunk(16), 64);
+        assert!(!p.adaptive());
+        assert_eq!(ChunkPolicy::new(Some(0), 512).chunk(1), 1);
+    }
+
+    #[test]
+    fn adaptive_chunk_fits_one_decode_step() {
+        let mut p = ChunkPolicy::new(None, 512);
+        assert!(p.adaptive());
+        // Nothing measured yet: the whole budget, as before.
+        assert_eq!(p.chunk(16), 512);
+        p.observe(16, 0, 12.0);
+        assert_eq!(p.chunk(16), 512, "no prompt step seen yet");
+        // 16 decode rows + 512 prompt tokens in 268 ms: 0.5 ms per prompt token.
+        p.observe(16, 512, 268.0);
+        assert_eq!(p.chunk(16), 24);
+        // Step times are per decode-row count: 8 rows were never timed alone.
+        assert_eq!(p.chunk(8), 512);
+        // A prompt-only step (no decode part) updates the token cost too.
+        let mut q = ChunkPolicy::new(None, 512);
+        q.observe(0, 512, 256.0);
+        q.observe(4, 0, 100.0);
+        assert_eq!(q.chunk(4), 200);
+        // A mixed step whose decode part is unknown teaches nothing.
+        q.observe(3, 10, 1000.0);
+        assert_eq!(q.chunk(4), 200);
+        // Clamped to [16, max].
+        let mut r = ChunkPolicy::new(None, 100);
+        r.observe(0, 100, 100.0);
+        r.observe(1, 0, 2.0);
+        assert_eq!(r.chunk(1), MIN_ADAPTIVE_CHUNK);
+        r.observe(1, 0, 1e6);
+        assert_eq!(r.chunk(1), 100);
+        // A max below the floor stays the max.
+        let mut s = ChunkPolicy::new(None, 8);
+        s.observe(0, 8, 8.0);
+        s.observe(1, 0, 1.0);
+        assert_eq!(s.chunk(1), 8);
+    }
+
+    #[test]
+    fn adaptive_chunk_follows_the_moving_averages() {
+        let mut p = ChunkPolicy::new(None, 512);
+        p.observe(8, 0, 10.0);
+        p.observe(0, 100, 100.0); // 1 ms per token
+        assert_eq!(p.chunk(8), 16, "10 ms / 1 ms = 10, floored at 16");
+        for _ in 0..40 {
+            p.observe(8, 0, 40.0);
+        }
+        // decode_ms[8] → 40 from below (39.999…): 39 tokens per chunk.
+        assert_eq!(p.chunk(8), 39);
+        // Bad samples are ignored.
+        p.observe(8, 0, f64::NAN);
+        p.observe(8, 10, -1.0);
+        assert_eq!(p.chunk(8), 39);
+        // A step faster than its decode part counts as free prompt tokens, never negative.
+        let mut q = ChunkPolicy::new(None, 512);
+        q.observe(8, 0, 10.0);
+        q.observe(8, 10, 5.0);
+        assert_eq!(q.chunk(8), 512, "a zero token cost leaves the budget alone");
     }
 }

@@ -83,7 +83,8 @@ pub struct ServerConfig {
     /// prompt chunks, so a long prompt is prefilled in pieces between decode steps.
     pub batch_size: usize,
     /// Most prompt tokens in one pass while other sequences are decoding (`--prefill-chunk`);
-    /// `None` = `batch_size`.
+    /// `None` = sized from the measured step times so such a pass costs about two decode
+    /// steps (at least 16 tokens, at most `batch_size`; [`engine::ChunkPolicy`]).
     pub prefill_chunk: Option<usize>,
     /// Most requests waiting for a slot; more get HTTP 503.
     pub queue_size: usize,
@@ -329,7 +330,7 @@ pub(crate) fn build_model(
                 n_ctx_total: n_ctx,
                 n_ctx_seq: n_seq,
                 batch_tokens: cfg.batch_size,
-                prefill_chunk: cfg.prefill_chunk.unwrap_or(cfg.batch_size),
+                prefill_chunk: cfg.prefill_chunk,
                 queue_size: cfg.queue_size,
                 log: cfg.log_requests,
             },

@@ -59,9 +59,10 @@ pub struct Args {
     /// prompts are prefilled in pieces between decode steps).
     #[arg(short = 'b', long, default_value_t = 512)]
     batch_size: usize,
-    /// Most prompt tokens per forward pass while other requests are decoding (default: -b).
-    /// Smaller values keep the running streams' inter-token latency low while a long prompt
-    /// arrives, and delay that prompt's first token.
+    /// Most prompt tokens per forward pass while other requests are decoding (default: sized
+    /// from the measured step times so such a pass costs about two decode steps, 16 to -b
+    /// tokens). Smaller values keep the running streams' inter-token latency low while a long
+    /// prompt arrives, and delay that prompt's first token; -b turns the limit off.
     #[arg(long)]
     prefill_chunk: Option<usize>,
     /// Require `Authorization: Bearer KEY` (also read from DAMASCUS_API_KEY).

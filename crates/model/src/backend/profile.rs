@@ -1,33 +1,42 @@
 //! A per-op wall-clock profile for synchronous (host) backends, switched on with
 //! [`damascus_kernels::settings::KernelSettings::profile`] (`DAMASCUS_PROFILE=1` in the CLI): each op adds its elapsed time under a key (op, weight class, prompt or
-//! decode), and the table is printed to stderr when the backend is dropped. A dev tool: the
-//! clock reads cost ≈ 50 ns an op, nothing when it is off.
+//! decode), and the table is printed to stderr when the backend is dropped. Passes are
+//! grouped by kind: `tg` (one row), `b<n>` (a batch of 2..=64 rows: decode steps of several
+//! sequences, short prompt chunks), `pp` (longer prompts). A dev tool: the clock reads cost
+//! ≈ 50 ns an op, nothing when it is off.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// Accumulated `(calls, seconds)` per key, plus the number of forward passes of each kind.
+/// Rows above which a pass counts as a prompt (`pp`) rather than a batch (`b<n>`).
+const BATCH_MAX: usize = 64;
+
+/// Accumulated `(calls, seconds)` per (pass kind, key), the number of forward passes of
+/// each kind, and the current pass's kind.
 #[derive(Debug, Default)]
 pub struct OpProfile {
-    ops: Mutex<HashMap<String, (u64, f64)>>,
-    passes: Mutex<(u64, u64)>,
-    /// The current pass is a prompt.
-    prompt: AtomicBool,
+    ops: Mutex<HashMap<(String, String), (u64, f64)>>,
+    passes: Mutex<(HashMap<String, u64>, String)>,
+}
+
+/// The kind of a pass of `n_tokens` rows.
+fn kind(n_tokens: usize) -> String {
+    match n_tokens {
+        0 | 1 => "tg".into(),
+        n if n <= BATCH_MAX => format!("b{n}"),
+        _ => "pp".into(),
+    }
 }
 
 impl OpProfile {
-    /// Starts a forward pass of `n_tokens` (a prompt: more than one); the ops until the next
-    /// pass count under its kind (the prompt's one-row LM head too).
+    /// Starts a forward pass of `n_tokens` rows; the ops until the next pass count under its
+    /// kind (a prompt's one-row LM head too).
     pub fn pass(&self, n_tokens: usize) {
         let mut p = self.passes.lock().unwrap_or_else(|p| p.into_inner());
-        if n_tokens > 1 {
-            p.0 += 1
-        } else {
-            p.1 += 1
-        }
-        self.prompt.store(n_tokens > 1, Ordering::Relaxed);
+        let k = kind(n_tokens);
+        *p.0.entry(k.clone()).or_default() += 1;
+        p.1 = k;
     }
 
     /// Runs `f`, adding its time under `key()` in the current pass's table.
@@ -35,14 +44,14 @@ impl OpProfile {
         let t0 = Instant::now();
         let r = f();
         let dt = t0.elapsed().as_secs_f64();
-        let kind = if self.prompt.load(Ordering::Relaxed) {
-            "pp"
-        } else {
-            "tg"
-        };
-        let k = format!("{kind} {}", key());
+        let kind = self
+            .passes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone();
         let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        let e = ops.entry(k).or_default();
+        let e = ops.entry((kind, key())).or_default();
         e.0 += 1;
         e.1 += dt;
         r
@@ -51,10 +60,18 @@ impl OpProfile {
     /// The table: per kind of pass, ms per pass and share of each key, largest first.
     pub fn report(&self) -> String {
         let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        let (pp, tg) = *self.passes.lock().unwrap_or_else(|p| p.into_inner());
+        let passes = self.passes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kinds: Vec<(&String, &u64)> = passes.0.iter().collect();
+        // pp, then the batches by rows, then tg.
+        let order = |k: &str| match k {
+            "pp" => 0,
+            "tg" => usize::MAX,
+            b => b[1..].parse::<usize>().map_or(1, |n| BATCH_MAX + 1 - n),
+        };
+        kinds.sort_by_key(|(k, _)| order(k));
         let mut out = String::new();
-        for (kind, passes) in [("pp", pp), ("tg", tg)] {
-            let mut rows: Vec<_> = ops.iter().filter(|(k, _)| k.starts_with(kind)).collect();
+        for (kind, &passes) in kinds {
+            let mut rows: Vec<_> = ops.iter().filter(|((k, _), _)| k == kind).collect();
             if rows.is_empty() {
                 continue;
             }
@@ -69,13 +86,13 @@ impl OpProfile {
                 "calls",
                 "%"
             );
-            for (k, (calls, s)) in rows {
+            for ((_, k), (calls, s)) in rows {
                 out += &format!(
                     "{:>10.3} {:>8} {:>5.1}%  {}\n",
                     1e3 * s / n,
                     calls,
                     100.0 * s / total.max(1e-12),
-                    &k[3..]
+                    k
                 );
             }
         }
@@ -102,11 +119,14 @@ mod tests {
         p.pass(512);
         p.time(|| "gemm attn_q".into(), || ());
         p.time(|| "gemm attn_q".into(), || ());
+        p.pass(8);
+        p.time(|| "gemv attn_q".into(), || ());
         p.pass(1);
         p.time(|| "dot attn_q".into(), || ());
         let r = p.report();
         assert!(r.contains("(pp): 1 passes"), "{r}");
         assert!(r.contains("gemm attn_q"), "{r}");
+        assert!(r.contains("(b8): 1 passes"), "{r}");
         assert!(r.contains("(tg): 1 passes"), "{r}");
         assert_eq!(weight_class("blk.12.ffn_down.weight"), "ffn_down");
         assert_eq!(weight_class("output.weight"), "output");

@@ -66,7 +66,7 @@ fn packed_gemv_and_gemm_match_the_int8_twin_on_awkward_shapes() {
                     cols,
                 };
                 let p = PackedMatrix::pack(w, None).unwrap();
-                for n in [1usize, 2, 3, 4, 5, 7, 33] {
+                for n in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 13, 33] {
                     let xf = randn(n * cols, n as u64 + 9);
                     let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
                     let mut want = vec![0f32; n * rows];
@@ -163,7 +163,7 @@ fn gemv_rows_equal_each_row_alone_bit_for_bit() {
                 cols,
             };
             let p = PackedMatrix::pack(w, None).unwrap();
-            for n in [1usize, 2, 3, 7, 8, 16] {
+            for n in [1usize, 2, 3, 5, 7, 8, 9, 12, 16, 17] {
                 let xf = randn(n * cols, (n * 31 + rows) as u64);
                 let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
                 for path in Int8Path::available() {
