@@ -30,7 +30,6 @@
 //! machines the tiles themselves.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::attn_decode::DecodeShape;
 use crate::attn_prefill::check_shapes;
@@ -38,7 +37,7 @@ use crate::elementwise::{exp_fast, f16_to_f32_slice};
 use crate::gemm::amx::{Step, TileArgs, TileGuard, run_step};
 use crate::gemm::micro::{pack_group, to_bf16_strided};
 use crate::gemm::{GemmPath, KSTEP, TILE, bf16_to_f32, f32_to_bf16};
-use crate::pool::{ThreadPool, split_range};
+use crate::pool::{ThreadPool, pieces};
 use crate::quantdot::KernelError;
 
 /// Query tokens per unit (two A tiles).
@@ -138,13 +137,34 @@ pub(crate) fn run(
         {
             let steps = lp / KSTEP;
             let n_jobs = 2 * n_head_kv * steps;
-            let (kptr, vptr) = (WordPtr(kp.as_mut_ptr()), WordPtr(vp.as_mut_ptr()));
-            let pack = |t: usize, nt: usize| {
-                let (kptr, vptr) = (&kptr, &vptr);
-                let mut rows = vec![0f32; KSTEP * hd]; // [32 keys, hd] f32
-                let mut tiles = vec![0u32; kt_words]; // one key tile: [3][hd / 32][16][16]
-                let mut low = vec![0f32; TILE * hd]; // [16 keys, hd] f32 residuals
-                for j in split_range(n_jobs, 1, t, nt) {
+            // Job j < n_head_kv·steps (K, head h, step s) owns key tiles 2s and 2s + 1 of
+            // head h: piece j of `kp` cut into 2·kt_words; a V job owns the hd / 16 dim tiles
+            // of its step: pieces (h·hd/16 + dt)·steps + s of `vp` cut into vs_words.
+            let mut vtiles = pieces(vp, vs_words);
+            let jobs: Vec<(usize, Vec<&mut [u32]>)> = kp
+                .chunks_mut(2 * kt_words)
+                .enumerate()
+                .map(|(j, kt)| (j, vec![kt]))
+                .chain((0..n_head_kv * steps).map(|hs| {
+                    let (h, st) = (hs / steps, hs % steps);
+                    let dts = (0..hd / TILE)
+                        .filter_map(|dt| vtiles[(h * (hd / TILE) + dt) * steps + st].take())
+                        .collect();
+                    (n_head_kv * steps + hs, dts)
+                }))
+                .collect();
+            debug_assert_eq!(jobs.len(), n_jobs);
+            let scratch = || {
+                (
+                    vec![0f32; KSTEP * hd], // [32 keys, hd] f32
+                    vec![0u32; kt_words],   // one key tile: [3][hd / 32][16][16]
+                    vec![0f32; TILE * hd],  // [16 keys, hd] f32 residuals
+                )
+            };
+            let pack =
+                |_: usize,
+                 (j, mut dst): (usize, Vec<&mut [u32]>),
+                 (rows, tiles, low): &mut (Vec<f32>, Vec<u32>, Vec<f32>)| {
                     let (is_v, h, s) = (j >= n_head_kv * steps, j / steps % n_head_kv, j % steps);
                     let cache = if is_v { v } else { k };
                     let first = s * KSTEP;
@@ -160,12 +180,11 @@ pub(crate) fn run(
                                 *l = x - bf16_to_f32(f32_to_bf16(x));
                             }
                             pack_group(r, hd, &mut tiles[..part]);
-                            pack_group(&low, hd, &mut tiles[part..2 * part]);
+                            pack_group(low, hd, &mut tiles[part..2 * part]);
                             tiles.copy_within(..part, 2 * part);
-                            let at = h * head_words_k + (2 * s + half) * kt_words;
-                            // SAFETY: key tile 2 s + half of head h, inside `kp`; jobs write
-                            // disjoint tiles.
-                            unsafe { kptr.write(at, &tiles) };
+                            if let Some(d) = dst.first_mut() {
+                                d[half * kt_words..(half + 1) * kt_words].copy_from_slice(tiles);
+                            }
                         }
                     } else {
                         let mut tile = [0u32; 3 * TILE * TILE]; // [hi, lo, hi][16 pairs][16 dims]
@@ -183,146 +202,160 @@ pub(crate) fn run(
                                 }
                             }
                             tile.copy_within(..TILE * TILE, 2 * TILE * TILE);
-                            let at = h * head_words_v + (dt * steps + s) * vs_words;
-                            // SAFETY: dim tile dt, key step s of head h, inside `vp`; jobs
-                            // write disjoint tiles.
-                            unsafe { vptr.write(at, &tile) };
+                            if let Some(d) = dst.get_mut(dt) {
+                                d.copy_from_slice(&tile);
+                            }
                         }
                     }
-                }
-            };
+                };
             match pool {
-                Some(p) if nt > 1 => p.run(&pack),
-                _ => pack(0, 1),
+                Some(p) if nt > 1 => p.for_each_task_with(jobs, &scratch, &pack),
+                _ => {
+                    let mut sc = scratch();
+                    for (i, job) in jobs.into_iter().enumerate() {
+                        pack(i, job, &mut sc);
+                    }
+                }
             }
         }
         // Phase 2: units (query head, query block), later blocks first (they see more keys).
         let (kp, vp) = (&kp[..], &vp[..]);
         let n_qb = n_tokens.div_ceil(QB);
         let n_units = n_head * n_qb;
-        let next = AtomicUsize::new(0);
-        let out_ptr = OutPtr(out.as_mut_ptr());
+        // Unit (query block, query head hq) owns, per token of its block, the head's
+        // `[hd]` output columns: `out` cut into `[hd]` pieces, piece t·n_head + hq.
+        let mut heads = pieces(out, hd);
+        let units: Vec<(usize, usize, Vec<&mut [f32]>)> = (0..n_units)
+            .map(|u| {
+                let (qb, hq) = (n_qb - 1 - u / n_head, u % n_head);
+                let t0 = qb * QB;
+                let rows = (t0..(t0 + QB).min(n_tokens))
+                    .filter_map(|t| heads[t * n_head + hq].take())
+                    .collect();
+                (qb, hq, rows)
+            })
+            .collect();
         let group = n_head / n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
         let nks_d = hd / KSTEP;
-        let work = |_t: usize, _nt: usize| {
-            let out_ptr = &out_ptr;
-            let _tiles = (step == Step::Tiles).then(TileGuard::new);
-            // [2][3][hd / 32][16][32] bf16 query tiles (hi, hi, lo)
-            let mut qa = vec![0u16; 3 * QB * hd];
-            let mut qlow = vec![0f32; hd]; // one query's residuals
-            let mut s = vec![0f32; QB * lp]; // [32, lp] f32 scores
-            // [2][lp / 32][3][16][32] bf16 probabilities per step: hi, hi, lo (× V hi, lo, hi)
-            let mut pa = vec![0u16; 3 * QB * lp];
-            let mut plow = vec![0f32; lp]; // one row's residuals
-            let mut inv = [0f32; QB]; // 1 / Σp per query
-            let mut c = [0f32; 4 * TILE * TILE]; // [4][16][16] f32 C tiles
-            loop {
-                let u = next.fetch_add(1, Ordering::Relaxed);
-                if u >= n_units {
-                    break;
-                }
-                let (qb, hq) = (n_qb - 1 - u / n_head, u % n_head);
-                let hk = hq / group;
-                let t0 = qb * QB;
-                let nq = (n_tokens - t0).min(QB);
-                let seen = pos0 + t0 + nq; // keys the last query of the block sees
-                let ls = seen.next_multiple_of(2 * TILE);
-                // 1. Query tiles (rows past the prompt zero).
-                let qt = 3 * nks_d * TILE * KSTEP; // one query tile's elements
-                for m in 0..QB {
-                    let at = m / TILE * qt + m % TILE * KSTEP;
-                    let part = nks_d * TILE * KSTEP;
-                    if m < nq {
-                        let row = &q[(t0 + m) * width + hq * hd..][..hd];
-                        for (l, &x) in qlow.iter_mut().zip(row) {
-                            *l = x - bf16_to_f32(f32_to_bf16(x));
-                        }
-                        to_bf16_strided(row, &mut qa[at..], TILE * KSTEP);
-                        to_bf16_strided(row, &mut qa[at + part..], TILE * KSTEP);
-                        to_bf16_strided(&qlow, &mut qa[at + 2 * part..], TILE * KSTEP);
-                    } else {
-                        for st in 0..3 * nks_d {
-                            qa[at + st * TILE * KSTEP..][..KSTEP].fill(0);
-                        }
-                    }
-                }
-                // 2. Scores, key tile pairs.
-                // Three k-passes in one stream: Qhi·Khi + Qhi·Klo + Qlo·Khi (the keys are
-                // exact as hi + lo, the queries to ≈ 16 bits: scores of ±100 with bf16
-                // operands alone moved SmolLM2's logits by a cosine of 1.4e-3).
-                let kh = &kp[hk * head_words_k..(hk + 1) * head_words_k];
-                for kpair in 0..ls / (2 * TILE) {
-                    let args = TileArgs {
-                        a: [qa.as_ptr(), qa[qt..].as_ptr()],
-                        b: [2 * kpair, 2 * kpair + 1].map(|kt| kh[kt * kt_words..].as_ptr()),
-                        nks: 3 * nks_d,
-                        c: c.as_mut_ptr(),
-                    };
-                    // SAFETY: query tiles hold 3 nks_d tiles per A tile, each key tile
-                    // 3 nks_d tiles (kt < lp / 16), C is 4 KiB; tiles configured for
-                    // `Step::Tiles`.
-                    unsafe { run_step(step, &args) };
-                    for i in 0..2 {
-                        for j in 0..2 {
-                            let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
-                            for m in 0..TILE {
-                                let row = (TILE * j + m) * lp + kpair * 2 * TILE + TILE * i;
-                                s[row..row + TILE].copy_from_slice(&tile[m * TILE..][..TILE]);
-                            }
-                        }
-                    }
-                }
-                // 3. Softmax rows into probability tiles.
-                let nks_k = ls / KSTEP;
-                for m in 0..QB {
-                    let vis = if m < nq { pos0 + t0 + m + 1 } else { 0 };
-                    let p = &mut s[m * lp..m * lp + ls];
-                    let sum = softmax_row(p, vis, scale);
-                    inv[m] = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                    for (l, &x) in plow.iter_mut().zip(p.iter()) {
+        let scratch = || Phase2 {
+            _tiles: (step == Step::Tiles).then(TileGuard::new),
+            qa: vec![0u16; 3 * QB * hd],
+            qlow: vec![0f32; hd],
+            s: vec![0f32; QB * lp],
+            pa: vec![0u16; 3 * QB * lp],
+            plow: vec![0f32; lp],
+            inv: [0f32; QB],
+            c: [0f32; 4 * TILE * TILE],
+        };
+        let work = |_: usize,
+                    (qb, hq, mut rows): (usize, usize, Vec<&mut [f32]>),
+                    sc: &mut Phase2| {
+            let Phase2 {
+                qa,
+                qlow,
+                s,
+                pa,
+                plow,
+                inv,
+                c,
+                ..
+            } = sc;
+            let hk = hq / group;
+            let t0 = qb * QB;
+            let nq = (n_tokens - t0).min(QB);
+            let seen = pos0 + t0 + nq; // keys the last query of the block sees
+            let ls = seen.next_multiple_of(2 * TILE);
+            // 1. Query tiles (rows past the prompt zero).
+            let qt = 3 * nks_d * TILE * KSTEP; // one query tile's elements
+            for m in 0..QB {
+                let at = m / TILE * qt + m % TILE * KSTEP;
+                let part = nks_d * TILE * KSTEP;
+                if m < nq {
+                    let row = &q[(t0 + m) * width + hq * hd..][..hd];
+                    for (l, &x) in qlow.iter_mut().zip(row) {
                         *l = x - bf16_to_f32(f32_to_bf16(x));
                     }
-                    let (te, st) = (TILE * KSTEP, 3 * TILE * KSTEP);
-                    let at = m / TILE * nks_k * st + m % TILE * KSTEP;
-                    to_bf16_strided(p, &mut pa[at..], st);
-                    to_bf16_strided(p, &mut pa[at + te..], st);
-                    to_bf16_strided(&plow[..ls], &mut pa[at + 2 * te..], st);
+                    to_bf16_strided(row, &mut qa[at..], TILE * KSTEP);
+                    to_bf16_strided(row, &mut qa[at + part..], TILE * KSTEP);
+                    to_bf16_strided(qlow, &mut qa[at + 2 * part..], TILE * KSTEP);
+                } else {
+                    for st in 0..3 * nks_d {
+                        qa[at + st * TILE * KSTEP..][..KSTEP].fill(0);
+                    }
                 }
-                // 4. Outputs, dim tile pairs.
-                // Three k-passes interleaved per key step: Phi·Vhi + Phi·Vlo + Plo·Vhi (the
-                // values exact as hi + lo, the probabilities to ≈ 16 bits).
-                let vh = &vp[hk * head_words_v..(hk + 1) * head_words_v];
-                let steps = lp / KSTEP;
-                for dpair in 0..hd / (2 * TILE) {
-                    let args = TileArgs {
-                        a: [pa.as_ptr(), pa[3 * nks_k * TILE * KSTEP..].as_ptr()],
-                        b: [2 * dpair, 2 * dpair + 1]
-                            .map(|dt| vh[dt * steps * vs_words..].as_ptr()),
-                        nks: 3 * nks_k,
-                        c: c.as_mut_ptr(),
-                    };
-                    // SAFETY: probability tiles hold 3 nks_k tiles per A tile, each value dim
-                    // tile 3 steps >= 3 nks_k tiles, C is 4 KiB; tiles configured as above.
-                    unsafe { run_step(step, &args) };
-                    for i in 0..2 {
-                        for j in 0..2 {
-                            let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
-                            for m in 0..TILE.min(nq.saturating_sub(TILE * j)) {
-                                let t = t0 + TILE * j + m;
-                                let col = hq * hd + (2 * dpair + i) * TILE;
-                                // SAFETY: token t < n_tokens, columns col..col+16 within head
-                                // hq: this unit owns (tokens t0..t0+nq, head hq) of `out`.
-                                let dst = unsafe {
-                                    std::slice::from_raw_parts_mut(
-                                        out_ptr.0.add(t * width + col),
-                                        TILE,
-                                    )
-                                };
-                                let r = inv[TILE * j + m];
-                                for (o, &x) in dst.iter_mut().zip(&tile[m * TILE..][..TILE]) {
-                                    *o = x * r;
-                                }
+            }
+            // 2. Scores, key tile pairs.
+            // Three k-passes in one stream: Qhi·Khi + Qhi·Klo + Qlo·Khi (the keys are
+            // exact as hi + lo, the queries to ≈ 16 bits: scores of ±100 with bf16
+            // operands alone moved SmolLM2's logits by a cosine of 1.4e-3).
+            let kh = &kp[hk * head_words_k..(hk + 1) * head_words_k];
+            for kpair in 0..ls / (2 * TILE) {
+                let args = TileArgs {
+                    a: [qa.as_ptr(), qa[qt..].as_ptr()],
+                    b: [2 * kpair, 2 * kpair + 1].map(|kt| kh[kt * kt_words..].as_ptr()),
+                    nks: 3 * nks_d,
+                    c: c.as_mut_ptr(),
+                };
+                // SAFETY: query tiles hold 3 nks_d tiles per A tile, each key tile
+                // 3 nks_d tiles (kt < lp / 16), C is 4 KiB; tiles configured for
+                // `Step::Tiles`.
+                unsafe { run_step(step, &args) };
+                for i in 0..2 {
+                    for j in 0..2 {
+                        let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                        for m in 0..TILE {
+                            let row = (TILE * j + m) * lp + kpair * 2 * TILE + TILE * i;
+                            s[row..row + TILE].copy_from_slice(&tile[m * TILE..][..TILE]);
+                        }
+                    }
+                }
+            }
+            // 3. Softmax rows into probability tiles.
+            let nks_k = ls / KSTEP;
+            for m in 0..QB {
+                let vis = if m < nq { pos0 + t0 + m + 1 } else { 0 };
+                let p = &mut s[m * lp..m * lp + ls];
+                let sum = softmax_row(p, vis, scale);
+                inv[m] = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                for (l, &x) in plow.iter_mut().zip(p.iter()) {
+                    *l = x - bf16_to_f32(f32_to_bf16(x));
+                }
+                let (te, st) = (TILE * KSTEP, 3 * TILE * KSTEP);
+                let at = m / TILE * nks_k * st + m % TILE * KSTEP;
+                to_bf16_strided(p, &mut pa[at..], st);
+                to_bf16_strided(p, &mut pa[at + te..], st);
+                to_bf16_strided(&plow[..ls], &mut pa[at + 2 * te..], st);
+            }
+            // 4. Outputs, dim tile pairs.
+            // Three k-passes interleaved per key step: Phi·Vhi + Phi·Vlo + Plo·Vhi (the
+            // values exact as hi + lo, the probabilities to ≈ 16 bits).
+            let vh = &vp[hk * head_words_v..(hk + 1) * head_words_v];
+            let steps = lp / KSTEP;
+            for dpair in 0..hd / (2 * TILE) {
+                let args = TileArgs {
+                    a: [pa.as_ptr(), pa[3 * nks_k * TILE * KSTEP..].as_ptr()],
+                    b: [2 * dpair, 2 * dpair + 1].map(|dt| vh[dt * steps * vs_words..].as_ptr()),
+                    nks: 3 * nks_k,
+                    c: c.as_mut_ptr(),
+                };
+                // SAFETY: probability tiles hold 3 nks_k tiles per A tile, each value dim
+                // tile 3 steps >= 3 nks_k tiles, C is 4 KiB; tiles configured as above.
+                unsafe { run_step(step, &args) };
+                for i in 0..2 {
+                    for j in 0..2 {
+                        let tile = &c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                        for m in 0..TILE.min(nq.saturating_sub(TILE * j)) {
+                            let col = (2 * dpair + i) * TILE;
+                            let Some(dst) = rows
+                                .get_mut(TILE * j + m)
+                                .and_then(|r| r.get_mut(col..col + TILE))
+                            else {
+                                continue;
+                            };
+                            let r = inv[TILE * j + m];
+                            for (o, &x) in dst.iter_mut().zip(&tile[m * TILE..][..TILE]) {
+                                *o = x * r;
                             }
                         }
                     }
@@ -330,8 +363,13 @@ pub(crate) fn run(
             }
         };
         match pool {
-            Some(p) if nt > 1 => p.run(&work),
-            _ => work(0, 1),
+            Some(p) if nt > 1 => p.for_each_task_with(units, &scratch, &work),
+            _ => {
+                let mut sc = scratch();
+                for (i, unit) in units.into_iter().enumerate() {
+                    work(i, unit, &mut sc);
+                }
+            }
         }
     });
     Ok(())
@@ -367,27 +405,25 @@ fn softmax_row_body(row: &mut [f32], vis: usize, scale: f32) -> f32 {
     sum
 }
 
-/// Packed K/V words shared by the phase-1 jobs (each writes its own tiles).
-struct WordPtr(*mut u32);
-// SAFETY: jobs write disjoint ranges of a buffer that outlives the run.
-unsafe impl Sync for WordPtr {}
-
-impl WordPtr {
-    /// Copies `src` to words `at..at + src.len()`.
-    ///
-    /// # Safety
-    /// The range lies inside the buffer and no other thread touches it meanwhile.
-    unsafe fn write(&self, at: usize, src: &[u32]) {
-        // SAFETY: as documented.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) };
-    }
+/// One thread's phase-2 buffers, reused across its units.
+struct Phase2 {
+    /// The tile configuration, held while the thread runs units (tile path only).
+    _tiles: Option<TileGuard>,
+    /// `[2][3][hd / 32][16][32]` bf16 query tiles (hi, hi, lo).
+    qa: Vec<u16>,
+    /// `[hd]` one query's residuals.
+    qlow: Vec<f32>,
+    /// `[32, lp]` f32 scores.
+    s: Vec<f32>,
+    /// `[2][lp / 32][3][16][32]` bf16 probabilities per step: hi, hi, lo (× V hi, lo, hi).
+    pa: Vec<u16>,
+    /// `[lp]` one row's residuals.
+    plow: Vec<f32>,
+    /// 1 / Σp per query.
+    inv: [f32; QB],
+    /// `[4][16][16]` f32 C tiles.
+    c: [f32; 4 * TILE * TILE],
 }
-
-struct OutPtr(*mut f32);
-// SAFETY: units write disjoint (token, head) slices of `out`, which outlives the run.
-unsafe impl Sync for OutPtr {}
-// SAFETY: as above.
-unsafe impl Send for OutPtr {}
 
 #[cfg(test)]
 mod tests {

@@ -105,10 +105,6 @@ impl PagedShape {
     }
 }
 
-pub(crate) struct OutPtr(pub(crate) *mut f32);
-// SAFETY: threads write disjoint (query, KV head) ranges through it.
-unsafe impl Sync for OutPtr {}
-
 /// Attention of every query token over its own sequence's blocks.
 ///
 /// * `queries`: one per token, `q` `[queries.len(), n_head, head_dim]` f32 (rotated)
@@ -198,17 +194,13 @@ pub(crate) fn attn_paged_with<R: KvRows>(
         }
         return Ok(());
     };
-    let dst = OutPtr(out.as_mut_ptr());
-    pool.run(&|t, nt| {
-        let dst = &dst;
+    // One chunk of several units, so a thread's score buffer serves them all; units are
+    // contiguous `[span]` pieces of `out` (u = t·n_head_kv + kvh).
+    let per = crate::pool::chunk_len(n_units, 1, pool.n_threads());
+    pool.for_each_chunk_mut(out, per * span, &|c, o| {
         let mut scores = Vec::new();
-        // Round-robin: later tokens of a prompt see more positions.
-        for u in (t..n_units).step_by(nt) {
-            // SAFETY: unit u owns out[u*span .. (u+1)*span] (t*width + kvh*span with
-            // u = t*n_head_kv + kvh), in bounds (checked: out.len() = queries*width), and
-            // threads take disjoint units; `out` outlives `pool.run`.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.0.add(u * span), span) };
-            unit(u, o, &mut scores);
+        for (i, o) in o.chunks_exact_mut(span).enumerate() {
+            unit(c * per + i, o, &mut scores);
         }
     });
     Ok(())

@@ -18,8 +18,8 @@ mod avx2;
 mod tests;
 
 use crate::attn_kv::{F16Rows, KvRows};
-use crate::attn_paged::{OutPtr, PagedQuery, PagedShape, kv_head};
-use crate::pool::ThreadPool;
+use crate::attn_paged::{PagedQuery, PagedShape, kv_head};
+use crate::pool::{ThreadPool, pieces};
 use crate::quantdot::{Isa, KernelError, kernels};
 
 /// Most tokens in one tile.
@@ -77,17 +77,27 @@ pub(crate) fn attn_paged_tiled<R: KvRows>(
     let group = shape.n_head / shape.n_head_kv;
     let tiles = tiles(queries, group);
     let n_units = tiles.len() * shape.n_head_kv;
-    let dst = OutPtr(out.as_mut_ptr());
-    let unit = |u: usize| {
-        // Heaviest tiles (latest positions) first: `u` counts from the end.
-        let u = n_units - 1 - u;
-        let (tile, kvh) = (tiles[u / shape.n_head_kv], u % shape.n_head_kv);
-        let dst = &dst;
-        tile_kv_head(simd, &tile, queries, q, k, v, shape, kvh, dst);
+    let span = group * shape.head_dim;
+    // Unit (tile, KV head) owns, for each token of its tile, the output columns of the KV
+    // head's query heads: `out` cut into `[span]` pieces, piece t·n_head_kv + kvh. Heaviest
+    // tiles (latest positions) first.
+    let mut rows = pieces(out, span);
+    let units: Vec<(Tile, usize, Vec<&mut [f32]>)> = (0..n_units)
+        .rev()
+        .map(|u| {
+            let (tile, kvh) = (tiles[u / shape.n_head_kv], u % shape.n_head_kv);
+            let outs = (tile.start..tile.end)
+                .filter_map(|t| rows[t * shape.n_head_kv + kvh].take())
+                .collect();
+            (tile, kvh, outs)
+        })
+        .collect();
+    let unit = |_: usize, (tile, kvh, mut outs): (Tile, usize, Vec<&mut [f32]>)| {
+        tile_kv_head(simd, &tile, queries, q, k, v, shape, kvh, &mut outs);
     };
     match pool.filter(|p| p.n_threads() > 1 && n_units > 1) {
-        Some(pool) => pool.run_chunks(n_units, &unit),
-        None => (0..n_units).for_each(unit),
+        Some(pool) => pool.for_each_task(units, &unit),
+        None => units.into_iter().enumerate().for_each(|(i, u)| unit(i, u)),
     }
     Ok(())
 }
@@ -121,8 +131,8 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
     tiles
 }
 
-/// One tile against KV head `kvh`: writes rows `kvh·group..(kvh+1)·group` of its tokens in
-/// the output behind `dst` (`[queries.len(), n_head, head_dim]`).
+/// One tile against KV head `kvh`: writes `outs`, one `[group, head_dim]` row per token of
+/// the tile (its columns `kvh·group·head_dim..` of `[queries.len(), n_head, head_dim]`).
 #[allow(clippy::too_many_arguments)]
 fn tile_kv_head<R: KvRows>(
     simd: bool,
@@ -133,40 +143,23 @@ fn tile_kv_head<R: KvRows>(
     v: R,
     shape: PagedShape,
     kvh: usize,
-    dst: &OutPtr,
+    outs: &mut [&mut [f32]],
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let span = group * shape.head_dim;
     let width = shape.n_head * shape.head_dim;
-    // SAFETY: this unit owns out[t*width + kvh*span ..][..span] for the tile's tokens t
-    // (the tiles partition the queries, KV heads partition a token's row); in bounds because
-    // `check` verified out.len() = queries.len() * width; `out` outlives the call.
-    let out_row = |t: usize| unsafe {
-        std::slice::from_raw_parts_mut(dst.0.add(t * width + kvh * span), span)
-    };
     #[cfg(target_arch = "x86_64")]
     if simd {
         let qs = &queries[tile.start..tile.end];
         let qrows = &q[tile.start * width..tile.end * width];
-        let mut outs: Vec<&mut [f32]> = (tile.start..tile.end).map(out_row).collect();
         // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
-        unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, &mut outs) };
+        unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
         return;
     }
     let _ = simd;
     let mut scores = Vec::new();
-    for t in tile.start..tile.end {
+    for (t, out) in (tile.start..tile.end).zip(outs.iter_mut()) {
         let qg = &q[t * width + kvh * span..][..span];
-        kv_head(
-            false,
-            qg,
-            k,
-            v,
-            shape,
-            &queries[t],
-            kvh,
-            out_row(t),
-            &mut scores,
-        );
+        kv_head(false, qg, k, v, shape, &queries[t], kvh, out, &mut scores);
     }
 }

@@ -13,10 +13,8 @@
 //! The scalar twin is the decode kernel run once per token
 //! ([`crate::attn_decode::attn_decode_f16_scalar`]), which the tests compare against.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use crate::attn_decode::{DecodeShape, KvLayout};
-use crate::pool::ThreadPool;
+use crate::pool::{ThreadPool, pieces};
 use crate::quantdot::{KernelError, f16_to_f32};
 
 /// Query tokens per unit.
@@ -69,46 +67,52 @@ pub fn attn_prefill_f16(
     }
     let n_qb = n_tokens.div_ceil(QB);
     let n_units = n_head_kv * n_qb;
-    let next = AtomicUsize::new(0);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let group = n_head / n_head_kv;
     let args = Args {
         q,
         k,
         v,
         n_ctx,
-        group: n_head / n_head_kv,
+        group,
         width,
         pos0,
         n_tokens,
     };
-    let work = |_t: usize, _nt: usize| {
-        let out_ptr = &out_ptr;
-        let mut kt = vec![0f32; KB * hd]; // [hd][KB] f32 keys of one block, transposed
-        let mut vb = vec![0f32; KB * hd]; // [KB][hd] f32 values of one block
-        let mut st = Vec::new(); // per query of a unit: [hd] q, [hd] acc, m, l
-        loop {
-            // Later query blocks see more keys: hand them out first for balance.
-            let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= n_units {
-                break;
-            }
+    // Unit (query block, KV head) owns, for each of its tokens, the output columns of the
+    // group's heads: rows of `out` cut into `[group * hd]` pieces, piece t·n_head_kv + hk.
+    // Later query blocks see more keys: they come first, for balance.
+    let mut rows = pieces(out, group * hd);
+    let units: Vec<Unit<'_>> = (0..n_units)
+        .map(|u| {
             let (qb, hk) = (n_qb - 1 - u / n_head_kv, u % n_head_kv);
-            let unit = Unit {
-                a: &args,
-                hk,
-                qb,
-                out: out_ptr,
-            };
-            match hd {
-                64 => run_unit::<64>(&unit, &mut kt, &mut vb, &mut st),
-                128 => run_unit::<128>(&unit, &mut kt, &mut vb, &mut st),
-                _ => run_unit::<256>(&unit, &mut kt, &mut vb, &mut st),
-            }
+            let t0 = qb * QB;
+            let out = (t0..(t0 + QB).min(n_tokens))
+                .filter_map(|t| rows[t * n_head_kv + hk].take())
+                .collect();
+            Unit { hk, qb, out }
+        })
+        .collect();
+    let scratch = || Scratch {
+        kt: vec![0f32; KB * hd], // [hd][KB] f32 keys of one block, transposed
+        vb: vec![0f32; KB * hd], // [KB][hd] f32 values of one block
+        st: Vec::new(),          // per query of a unit: [hd] q, [hd] acc, m, l
+    };
+    let work = |_: usize, mut unit: Unit<'_>, s: &mut Scratch| {
+        let (a, kt, vb, st) = (&args, &mut s.kt, &mut s.vb, &mut s.st);
+        match hd {
+            64 => run_unit::<64>(a, &mut unit, kt, vb, st),
+            128 => run_unit::<128>(a, &mut unit, kt, vb, st),
+            _ => run_unit::<256>(a, &mut unit, kt, vb, st),
         }
     };
     match pool {
-        Some(p) if p.n_threads() > 1 => p.run(&work),
-        _ => work(0, 1),
+        Some(p) if p.n_threads() > 1 => p.for_each_task_with(units, &scratch, &work),
+        _ => {
+            let mut s = scratch();
+            for (i, unit) in units.into_iter().enumerate() {
+                work(i, unit, &mut s);
+            }
+        }
     }
     Ok(())
 }
@@ -172,46 +176,55 @@ struct Args<'a> {
     n_tokens: usize,
 }
 
+/// One unit of work: KV head `hk` for the query block `qb` (tokens `qb·QB..`).
 struct Unit<'a> {
-    a: &'a Args<'a>,
     hk: usize,
     qb: usize,
-    out: &'a OutPtr,
+    /// One `[group, head_dim]` output row per token of the block: its heads of the group.
+    out: Vec<&'a mut [f32]>,
 }
 
-struct OutPtr(*mut f32);
-// SAFETY: units write disjoint (token, head) slices of `out`, which outlives the run.
-unsafe impl Sync for OutPtr {}
-// SAFETY: as above.
-unsafe impl Send for OutPtr {}
+/// One thread's buffers, reused across its units.
+struct Scratch {
+    kt: Vec<f32>,
+    vb: Vec<f32>,
+    st: Vec<f32>,
+}
 
-fn run_unit<const HD: usize>(u: &Unit<'_>, kt: &mut [f32], vb: &mut [f32], st: &mut Vec<f32>) {
+fn run_unit<const HD: usize>(
+    a: &Args<'_>,
+    u: &mut Unit<'_>,
+    kt: &mut [f32],
+    vb: &mut [f32],
+    st: &mut Vec<f32>,
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::CpuFeatures::allowed().avx512f {
         // SAFETY: AVX-512F (and with it F16C) is present.
-        return unsafe { unit_avx512::<HD>(u, kt, vb, st) };
+        return unsafe { unit_avx512::<HD>(a, u, kt, vb, st) };
     }
     #[cfg(target_arch = "x86_64")]
     {
         let f = crate::cpu::CpuFeatures::allowed();
         if f.avx2 && f.fma && f.f16c {
             // SAFETY: AVX2, FMA and F16C are present.
-            return unsafe { unit_avx2::<HD>(u, kt, vb, st) };
+            return unsafe { unit_avx2::<HD>(a, u, kt, vb, st) };
         }
     }
-    unit_body::<HD>(u, kt, vb, st, widen_scalar);
+    unit_body::<HD>(a, u, kt, vb, st, widen_scalar);
 }
 
 /// The same body compiled for AVX2 + FMA (CPUs without AVX-512).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unit_avx2<const HD: usize>(
-    u: &Unit<'_>,
+    a: &Args<'_>,
+    u: &mut Unit<'_>,
     kt: &mut [f32],
     vb: &mut [f32],
     st: &mut Vec<f32>,
 ) {
-    unit_body::<HD>(u, kt, vb, st, widen_f16c);
+    unit_body::<HD>(a, u, kt, vb, st, widen_f16c);
 }
 
 /// [`widen_scalar`] with the 256-bit `vcvtph2ps`; only handed out by [`run_unit`] after
@@ -241,12 +254,13 @@ fn widen_f16c(src: &[u16], dst: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn unit_avx512<const HD: usize>(
-    u: &Unit<'_>,
+    a: &Args<'_>,
+    u: &mut Unit<'_>,
     kt: &mut [f32],
     vb: &mut [f32],
     st: &mut Vec<f32>,
 ) {
-    unit_body::<HD>(u, kt, vb, st, widen_avx512);
+    unit_body::<HD>(a, u, kt, vb, st, widen_avx512);
 }
 
 /// `dst[i] = f32(src[i])`.
@@ -285,13 +299,13 @@ fn widen_avx512(src: &[u16], dst: &mut [f32]) {
 /// is read; each query's online-softmax state (`m`, `l`, `acc[HD]`) lives in `st`.
 #[inline(always)]
 fn unit_body<const HD: usize>(
-    u: &Unit<'_>,
+    a: &Args<'_>,
+    u: &mut Unit<'_>,
     kt: &mut [f32],
     vb: &mut [f32],
     st: &mut Vec<f32>,
     widen: fn(&[u16], &mut [f32]),
 ) {
-    let a = u.a;
     let t0 = u.qb * QB;
     let nt = (a.n_tokens - t0).min(QB);
     let n_vis = a.pos0 + t0 + nt; // keys seen by the unit's last token
@@ -354,12 +368,15 @@ fn unit_body<const HD: usize>(
     }
     for ti in 0..nt {
         for g in 0..a.group {
-            let off = (t0 + ti) * a.width + (u.hk * a.group + g) * HD;
             let s0 = (ti * a.group + g) * stride;
             let inv = 1.0 / st[s0 + 2 * HD + 1];
-            // SAFETY: `off + HD <= out.len()` (token < n_tokens, head < n_head); each
-            // (token, head) slice belongs to exactly one unit.
-            let dst = unsafe { std::slice::from_raw_parts_mut(u.out.0.add(off), HD) };
+            let Some(dst) = u
+                .out
+                .get_mut(ti)
+                .and_then(|r| r.get_mut(g * HD..(g + 1) * HD))
+            else {
+                continue;
+            };
             for (o, &x) in dst.iter_mut().zip(&st[s0 + HD..s0 + 2 * HD]) {
                 *o = x * inv;
             }

@@ -9,7 +9,9 @@
 //! only for tasks actually started. [`ThreadPool::run_chunks`] is the primitive;
 //! [`ThreadPool::run`] keeps the `(thread_idx, n_threads)` form (each index is one task, run
 //! by whichever thread claims it), and [`ThreadPool::for_each_chunk_mut`] /
-//! [`ThreadPool::for_each_mut`] hand out disjoint `&mut` pieces of an output safely.
+//! [`ThreadPool::for_each_mut`] hand out disjoint `&mut` pieces of an output safely
+//! ([`pieces`] + [`ThreadPool::for_each_task`] for strided sets of rows;
+//! [`ThreadPool::for_each_task_with`] adds per-thread scratch).
 //!
 //! ```
 //! use damascus_kernels::pool::ThreadPool;
@@ -291,23 +293,84 @@ impl ThreadPool {
     /// by [`ThreadPool::run_chunks`]. A task may hold several `&mut` pieces (a gate chunk and
     /// its up chunk, a buffer and its row range).
     pub fn for_each_task<P: Send>(&self, tasks: Vec<P>, f: &(dyn Fn(usize, P) + Sync)) {
-        struct Slots<P>(Vec<UnsafeCell<Option<P>>>);
-        // SAFETY: slot `i` is only touched by task `i`, which `run_chunks` runs exactly once,
-        // so no two threads access a slot; `P: Send` lets its value move to that thread.
-        unsafe impl<P: Send> Sync for Slots<P> {}
-        let slots = Slots(
+        let slots = Slots::new(tasks);
+        let slots = &slots;
+        self.run_chunks(slots.0.len(), &|i| {
+            // SAFETY: `run_chunks` runs index `i` exactly once, so this is slot `i`'s only use.
+            if let Some(p) = unsafe { slots.take(i) } {
+                f(i, p)
+            }
+        });
+    }
+
+    /// [`ThreadPool::for_each_task`] with per-thread scratch: every thread that takes a task
+    /// builds one `S` with `init` (lazily, at its first task) and passes it to each task it
+    /// runs, `f(i, tasks[i], &mut scratch)`. Tasks are claimed in index order through one
+    /// atomic counter, so put the heaviest first. For kernels whose units need large scratch
+    /// buffers (key blocks, panels, tile configurations) that a per-task allocation would
+    /// waste; `f`'s result must not depend on what earlier tasks left in the scratch.
+    pub fn for_each_task_with<P: Send, S>(
+        &self,
+        tasks: Vec<P>,
+        init: &(dyn Fn() -> S + Sync),
+        f: &(dyn Fn(usize, P, &mut S) + Sync),
+    ) {
+        let slots = Slots::new(tasks);
+        let n = slots.0.len();
+        let next = AtomicUsize::new(0);
+        let work = |_: usize, _: usize| {
+            let mut scratch: Option<S> = None;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                // SAFETY: `next` hands out every index once, so this is slot `i`'s only use.
+                if let Some(p) = unsafe { slots.take(i) } {
+                    f(i, p, scratch.get_or_insert_with(init));
+                }
+            }
+        };
+        if n > 1 {
+            self.run(&work);
+        } else {
+            work(0, 1);
+        }
+    }
+}
+
+/// `data` cut into consecutive pieces of `len` elements (the last may be shorter), each in an
+/// `Option` so that tasks can [`Option::take`] the pieces they own: the safe way to give one
+/// task a strided set of rows of an output (a token tile's rows of one head, a query block's
+/// columns of one head) for [`ThreadPool::for_each_task`].
+pub fn pieces<T>(data: &mut [T], len: usize) -> Vec<Option<&mut [T]>> {
+    data.chunks_mut(len.max(1)).map(Some).collect()
+}
+
+/// Tasks moved one each into the threads that claim them.
+struct Slots<P>(Vec<UnsafeCell<Option<P>>>);
+
+// SAFETY: a slot is only touched through `take`, whose callers guarantee that each index is
+// taken by one thread; `P: Send` lets its value move to that thread.
+unsafe impl<P: Send> Sync for Slots<P> {}
+
+impl<P> Slots<P> {
+    fn new(tasks: Vec<P>) -> Self {
+        Slots(
             tasks
                 .into_iter()
                 .map(|t| UnsafeCell::new(Some(t)))
                 .collect(),
-        );
-        let slots = &slots;
-        self.run_chunks(slots.0.len(), &|i| {
-            // SAFETY: see `Slots`: task `i` is the only user of slot `i`.
-            if let Some(p) = unsafe { (*slots.0[i].get()).take() } {
-                f(i, p)
-            }
-        });
+        )
+    }
+
+    /// Moves task `i` out.
+    ///
+    /// # Safety
+    /// No other thread accesses slot `i` during or after the call.
+    unsafe fn take(&self, i: usize) -> Option<P> {
+        // SAFETY: exclusive access to slot `i`, as the caller guarantees.
+        unsafe { (*self.0[i].get()).take() }
     }
 }
 
@@ -556,6 +619,45 @@ mod tests {
         assert_eq!(a[99], 7);
         assert_eq!(b[0], 8);
         assert_eq!(b[36], 15);
+    }
+
+    #[test]
+    fn tasks_with_scratch_run_once_each_and_match_a_serial_pass() {
+        let pool = ThreadPool::new(3);
+        for n in [0, 1, 3, 7, 33, 1023] {
+            let mut out = vec![0u64; 2 * n]; // [n, 2]: each task owns column 0 of row i, col 1 of row n-1-i
+            let mut rows = pieces(&mut out, 1);
+            let tasks: Vec<(usize, Vec<&mut [u64]>)> = (0..n)
+                .map(|i| {
+                    let mine = [2 * i, 2 * (n - 1 - i) + 1];
+                    (i, mine.iter().filter_map(|&j| rows[j].take()).collect())
+                })
+                .collect();
+            let inits = AtomicUsize::new(0);
+            pool.for_each_task_with(
+                tasks,
+                &|| {
+                    inits.fetch_add(1, Ordering::Relaxed);
+                    Vec::<u64>::new()
+                },
+                &|i, (j, mine), scratch| {
+                    assert_eq!(i, j);
+                    scratch.clear();
+                    scratch.extend((0..=i as u64).map(|x| x * x));
+                    for p in mine {
+                        p[0] += scratch.iter().sum::<u64>() + 1;
+                    }
+                },
+            );
+            let want: Vec<u64> = (0..2 * n)
+                .map(|j| {
+                    let i = if j % 2 == 0 { j / 2 } else { n - 1 - j / 2 };
+                    (0..=i as u64).map(|x| x * x).sum::<u64>() + 1
+                })
+                .collect();
+            assert_eq!(out, want, "n = {n}");
+            assert!(inits.into_inner() <= 3);
+        }
     }
 
     #[test]

@@ -641,6 +641,12 @@ pub fn gemm(
 }
 
 /// A raw output pointer shared by the workers (each writes its own rectangles).
+///
+/// This one stays a raw pointer (the attention kernels hand out `&mut` rows through
+/// [`crate::pool::pieces`] instead): a unit's rectangle is 16-token × 16-row C tiles that the
+/// micro-kernels (here and in `amx::gemm_tiles`) load and store through one pointer at a
+/// stride of `rows` floats, across token rows of `out` that other units' columns interleave.
+/// Per-row `&mut` pieces cannot give such a pointer the provenance of the whole tile.
 struct SendPtr(*mut f32);
 // SAFETY: the workers write disjoint regions (see `gemm`), and the pointer outlives the run.
 unsafe impl Sync for SendPtr {}
