@@ -11,8 +11,6 @@
 
 use std::ops::Range;
 
-use damascus_quant::GgmlType;
-
 use crate::cpu::Isa;
 use crate::gemm::int8::{self, Int8Path, QActs};
 use crate::gemm::packed::PackedMatrix;
@@ -100,10 +98,7 @@ impl Plan {
     /// many rows share the matmul (batch and prefix invariance); the file-layout GEMM rounds
     /// differently, so it runs only where `file_layout_gemm` asks for it.
     pub fn file_route(&self, w: &WeightRef<'_>, n_tokens: usize, group_gemm_ok: bool) -> Route {
-        let Some(path) = self
-            .gemm
-            .filter(|_| n_tokens >= GEMM_MIN_TOKENS && self.file_layout_gemm && group_gemm_ok)
-        else {
+        let Some(path) = self.file_gemm(n_tokens, group_gemm_ok) else {
             return Route::Dot;
         };
         match self.int8 {
@@ -112,9 +107,10 @@ impl Plan {
         }
     }
 
-    /// Whether a file-layout matrix of `dtype` takes the int8 GEMM on a GEMM route.
-    pub fn file_int8(&self, dtype: GgmlType) -> bool {
-        self.int8.is_some_and(|p| p.supports(dtype))
+    /// The prompt GEMM file-layout matrices take together ([`Plan::file_route`]), if any.
+    pub fn file_gemm(&self, n_tokens: usize, group_gemm_ok: bool) -> Option<GemmPath> {
+        self.gemm
+            .filter(|_| n_tokens >= GEMM_MIN_TOKENS && self.file_layout_gemm && group_gemm_ok)
     }
 }
 
@@ -137,12 +133,12 @@ pub enum Route {
 
 impl Route {
     /// The activations the route reads.
-    pub fn input(self) -> Input {
+    pub fn input(self) -> ActForm {
         match self {
-            Route::PackedAmx => Input::Bf16(GemmPath::Amx),
-            Route::FileBf16(p) => Input::Bf16(p),
-            Route::PackedGemm(_) | Route::PackedGemv(_) | Route::FileInt8(_) => Input::Int8,
-            Route::Dot => Input::Dot,
+            Route::PackedAmx => ActForm::Bf16(GemmPath::Amx),
+            Route::FileBf16(p) => ActForm::Bf16(p),
+            Route::PackedGemm(_) | Route::PackedGemv(_) | Route::FileInt8(_) => ActForm::Int8,
+            Route::Dot => ActForm::Dot,
         }
     }
 
@@ -161,7 +157,7 @@ impl Route {
 
 /// What a route's activations are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Input {
+pub enum ActForm {
     /// [`PackedActs`] for the bf16 GEMM `path` ([`PackedActs::for_path`]).
     Bf16(GemmPath),
     /// [`QActs`] (int8 per 32-block).
@@ -181,7 +177,7 @@ pub enum Weights<'a> {
 
 /// Activations in the form a route reads ([`Route::input`]).
 #[derive(Clone, Copy, Debug)]
-pub enum Acts<'a> {
+pub enum Activations<'a> {
     /// bf16 panels.
     Bf16(&'a PackedActs),
     /// int8 per 32-block.
@@ -194,15 +190,19 @@ pub enum Acts<'a> {
 pub fn run(
     route: Route,
     w: Weights<'_>,
-    x: Acts<'_>,
+    x: Activations<'_>,
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
     match (route, w, x) {
-        (Route::PackedAmx, Weights::Packed(m), Acts::Bf16(x)) => m.gemm_amx(x, out, pool),
-        (Route::PackedGemm(p), Weights::Packed(m), Acts::Int8(x)) => m.gemm(p, x, out, pool),
-        (Route::FileInt8(p), Weights::File(w), Acts::Int8(x)) => int8::gemm_i8(p, w, x, out, pool),
-        (Route::FileBf16(p), Weights::File(w), Acts::Bf16(x)) => gemm::gemm(p, w, x, out, pool),
+        (Route::PackedAmx, Weights::Packed(m), Activations::Bf16(x)) => m.gemm_amx(x, out, pool),
+        (Route::PackedGemm(p), Weights::Packed(m), Activations::Int8(x)) => m.gemm(p, x, out, pool),
+        (Route::FileInt8(p), Weights::File(w), Activations::Int8(x)) => {
+            int8::gemm_i8(p, w, x, out, pool)
+        }
+        (Route::FileBf16(p), Weights::File(w), Activations::Bf16(x)) => {
+            gemm::gemm(p, w, x, out, pool)
+        }
         (r, _, _) => Err(mismatch(r)),
     }
 }
@@ -233,6 +233,7 @@ fn mismatch(r: Route) -> KernelError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use damascus_quant::GgmlType;
 
     /// Deterministic values in [-1, 1).
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -337,7 +338,7 @@ mod tests {
             ];
             for r in wrong {
                 assert!(
-                    run(r, file, Acts::Int8(&xq), &mut out, None).is_err(),
+                    run(r, file, Activations::Int8(&xq), &mut out, None).is_err(),
                     "{r:?}"
                 );
             }
@@ -353,7 +354,7 @@ mod tests {
                 run(
                     Route::FileInt8(p),
                     file,
-                    Acts::Int8(&xq),
+                    Activations::Int8(&xq),
                     &mut out,
                     Some(&pool),
                 )
@@ -364,7 +365,7 @@ mod tests {
                 run(
                     Route::PackedGemm(p),
                     packed,
-                    Acts::Int8(&xq),
+                    Activations::Int8(&xq),
                     &mut out,
                     Some(&pool),
                 )

@@ -32,6 +32,7 @@ use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
 use damascus_kernels::attn_prefill;
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
+use damascus_kernels::matmul::Plan;
 use damascus_kernels::pool::{ThreadClamp, ThreadPool, chunk_len, physical_cores, split_range};
 use damascus_kernels::quantdot::{self, DotKernels, Isa, WeightType};
 use damascus_kernels::reference as k;
@@ -54,8 +55,8 @@ pub const TOKEN_TILE: usize = 8;
 
 /// Fewest tokens a matmul sends through the prefill GEMM ([`damascus_kernels::gemm`]); fewer
 /// go through the per-token dot products, which read each weight block once without
-/// unpacking it.
-pub const GEMM_MIN_TOKENS: usize = 16;
+/// unpacking it (the plan's, [`damascus_kernels::matmul::GEMM_MIN_TOKENS`]).
+pub const GEMM_MIN_TOKENS: usize = damascus_kernels::matmul::GEMM_MIN_TOKENS;
 
 /// Output rows per scheduling unit in row splits (16 f32 = one cache line, so threads never
 /// share a line of the output).
@@ -72,12 +73,9 @@ pub struct CpuBackend {
     /// Set where `-t` asked for more threads than the CPUs (reported in the load note).
     clamp: Option<ThreadClamp>,
     kern: &'static DotKernels,
-    /// The prefill GEMM's micro-kernel, `None` when disabled (`DAMASCUS_GEMM=0`).
-    gemm: Option<GemmPath>,
-    /// Prompts multiply in int8 (`gemm::int8`: VNNI, or AVX2 `vpmaddubsw`, on CPUs without
-    /// AMX) where the weight type allows; `DAMASCUS_GEMM_INT8=0` keeps them on the bf16-panel
-    /// f32 GEMM.
-    int8: Option<gemm::int8::Int8Path>,
+    /// Which kernels multiply a prepared matrix ([`Plan`]: the prompt GEMM, the int8 GEMM,
+    /// the repacked matrices' kernels, repacking on or off, file-layout GEMM on or off).
+    plan: Plan,
     /// Prompt attention on AMX tiles (with the AMX GEMM; `DAMASCUS_ATTN_AMX=0` keeps the f32
     /// flash kernel).
     attn_amx: bool,
@@ -87,17 +85,6 @@ pub struct CpuBackend {
     gemm_bufs: Mutex<(Option<PackedActs>, Option<gemm::int8::QActs>)>,
     /// RoPE angle tables of the current pass's positions (`paged.rs`), newest last.
     rope_tables: Mutex<Vec<paged::RopeTable>>,
-    /// The int8 kernels repacked matrices are multiplied with: `int8`, or on AMX CPUs (prompts
-    /// on AMX tiles from the packed panels) the VNNI path for decode.
-    packed_path: Option<gemm::int8::Int8Path>,
-    /// Weights the packed kernels can take are repacked at load ([`PackedMatrix`]) and the
-    /// mapping is no longer read for them (wherever `packed_path` is set);
-    /// `DAMASCUS_REPACK=0` or
-    /// [`CpuBackend::with_repack`] keeps every weight in the mapping.
-    repack: bool,
-    /// File-layout weights take the prefill GEMM for prompts (`KernelSettings::file_layout_gemm`;
-    /// off: every row through the dot products, the same bits at any row count).
-    pub(super) file_layout_gemm: bool,
     /// Q/K/V projections on two-level int8 activations (`KernelSettings::two_level_qkv`).
     pub(super) two_level_qkv: bool,
     /// Tensors and bytes repacked, and the seconds it took (for [`Backend::load_note`]).
@@ -138,42 +125,17 @@ impl CpuBackend {
             None => (ThreadPool::new(physical_cores()), None),
         };
         let kern = quantdot::kernels();
-        let gemm = settings
-            .gemm
-            // The chosen level, not the dot table's (AMX shares the VNNI dot products).
-            .then(|| GemmPath::for_isa(Isa::detect().unwrap_or_else(|_| kern.isa())))
-            .filter(|p| p.is_available());
-        let int8 = match (gemm, kern.isa()) {
-            (_, _) if !settings.int8 => None,
-            (Some(GemmPath::Avx512), Isa::Vnni) => Some(gemm::int8::Int8Path::Vnni),
-            (Some(GemmPath::Avx512 | GemmPath::Avx2), Isa::Avx512 | Isa::Avx2) => {
-                Some(gemm::int8::Int8Path::Avx2)
-            }
-            _ => None,
-        }
-        .filter(|p| p.is_available());
-        let attn_amx = gemm == Some(GemmPath::Amx) && settings.attn_amx;
-        // AMX CPUs repack too (measured on a 2-core AMX VM, `-t 2`, synthetic 3B Q4_K_M:
-        // tg128 +11 %, pp512 +6 % over the file layout; BENCHMARKS.md, 2026-12-06).
-        let packed_path = int8.or_else(|| {
-            (gemm == Some(GemmPath::Amx) && matches!(kern.isa(), Isa::Vnni | Isa::Amx))
-                .then_some(gemm::int8::Int8Path::Vnni)
-                .filter(|p| p.is_available())
-        });
-        let repack = packed_path.is_some() && settings.repack;
+        let plan = Plan::new(settings, kern.isa());
+        let attn_amx = plan.gemm == Some(GemmPath::Amx) && settings.attn_amx;
         CpuBackend {
             pool,
             clamp,
             kern,
-            gemm,
-            int8,
+            plan,
             attn_amx,
             prof: settings.profile.then(OpProfile::default),
             gemm_bufs: Mutex::new((None, None)),
             rope_tables: Mutex::new(Vec::new()),
-            packed_path,
-            repack,
-            file_layout_gemm: settings.file_layout_gemm,
             two_level_qkv: settings.two_level_qkv,
             repacked: Mutex::new((0, 0, 0.0)),
         }
@@ -197,13 +159,13 @@ impl CpuBackend {
     /// the model is loaded. Repacking also needs a packed path (an int8 path, or an AMX CPU
     /// with the VNNI kernels) and no `DAMASCUS_REPACK=0`.
     pub fn with_repack(mut self, on: bool) -> CpuBackend {
-        self.repack &= on;
+        self.plan.repack &= on;
         self
     }
 
     /// The prefill GEMM path in use (`None`: prompts use the per-token dot products).
     pub fn gemm_path(&self) -> Option<GemmPath> {
-        self.gemm
+        self.plan.gemm
     }
 
     /// Threads taking part in each op (the caller included).
@@ -490,19 +452,19 @@ impl Backend for CpuBackend {
             Isa::Scalar => "cpu-scalar",
             Isa::Avx2 => "cpu-avx2",
             Isa::Avx512 => "cpu-avx512",
-            Isa::Vnni | Isa::Amx if self.gemm == Some(GemmPath::Amx) => "cpu-amx",
+            Isa::Vnni | Isa::Amx if self.plan.gemm == Some(GemmPath::Amx) => "cpu-amx",
             Isa::Vnni | Isa::Amx => "cpu-vnni",
         }
     }
 
     fn load_note(&self) -> Option<String> {
         let g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
-        let path = match (self.gemm, self.packed_path) {
+        let path = match (self.plan.gemm, self.plan.packed) {
             (Some(GemmPath::Amx), Some(p)) => format!("amx prompts + {} decode", p.name()),
             (_, p) => p.map_or("", |p| p.name()).to_string(),
         };
         let note = match *g {
-            (0, _, _) if self.packed_path.is_some() && !self.repack => {
+            (0, _, _) if self.plan.packed.is_some() && !self.plan.repack => {
                 Some("weights kept in the file layout (repacking off)".into())
             }
             (0, _, _) => None,
@@ -539,12 +501,8 @@ impl Backend for CpuBackend {
             rows: wv.rows,
             cols: wv.cols,
         };
-        let packed = match self.packed_path {
-            Some(path)
-                if self.repack
-                    && path.supports(wv.dtype)
-                    && PackedMatrix::unsupported(&wr).is_none() =>
-            {
+        let packed = match self.plan.repack_path(&wr) {
+            Some(_) => {
                 let t0 = std::time::Instant::now();
                 let rb = wv.row_bytes();
                 let read = |r0: usize, buf: &mut [u8]| w.read_bytes(r0 * rb, buf);

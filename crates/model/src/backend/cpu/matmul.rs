@@ -7,13 +7,13 @@ use std::ops::Range;
 
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
+use damascus_kernels::matmul::{self, ActForm, Activations, Route, Weights};
 use damascus_kernels::pool::chunk_len;
 use damascus_kernels::quantdot::{self, ActType, Acts, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K};
 use damascus_quant::dequantize_row;
 
 use super::{
-    CpuBackend, CpuMatrix, FirstError, GEMM_MIN_TOKENS, MatKind, ROW_ALIGN, TOKEN_TILE, dot_f32,
-    kernel_err,
+    CpuBackend, CpuMatrix, FirstError, MatKind, ROW_ALIGN, TOKEN_TILE, dot_f32, kernel_err,
 };
 use crate::backend::profile::weight_class;
 use crate::backend::reference::HostAct;
@@ -360,17 +360,11 @@ impl CpuBackend {
             }
             return Ok(());
         }
-        // Matrices left in the file layout take the per-row dot products at every row count:
-        // a row's result must not depend on how many rows (sequences, prompt chunks) share the
-        // matmul — a cached prefix and a batch give the same logits as a fresh lone prompt. The
-        // file-layout GEMM (bf16 panels) rounds differently, so it runs only where asked for
-        // (`KernelSettings::file_layout_gemm`, for measuring it).
-        if let Some(path) = self
-            .gemm
-            .filter(|_| n_tokens >= GEMM_MIN_TOKENS && self.file_layout_gemm)
-            && ws.iter().all(|w| w.gemm_ok && w.cols == x.width)
-        {
-            return self.gemm_matmuls(path, ws, x, outs, swiglu);
+        // Matrices left in the file layout take the per-row dot products at every row count
+        // unless the plan says otherwise (`Plan::file_route`: batch and prefix invariance).
+        let group_ok = ws.iter().all(|w| w.gemm_ok && w.cols == x.width);
+        if self.plan.file_gemm(n_tokens, group_ok).is_some() {
+            return self.gemm_matmuls(ws, x, outs, swiglu);
         }
         let key = || {
             let names: Vec<&str> = ws.iter().map(|w| weight_class(w.tensor.name())).collect();
@@ -462,7 +456,7 @@ impl CpuBackend {
         swiglu: bool,
     ) -> Result<(), ModelError> {
         let n = x.n_tokens;
-        let Some(path) = self.packed_path else {
+        let Some(route) = self.plan.packed_route(n) else {
             unreachable!("matrices are repacked only with a packed path")
         };
         fn packed(w: &CpuMatrix) -> &PackedMatrix {
@@ -471,16 +465,15 @@ impl CpuBackend {
                 .unwrap_or_else(|| unreachable!("checked by the caller"))
         }
         let pool = Some(&self.pool);
-        if n >= GEMM_MIN_TOKENS && self.gemm == Some(GemmPath::Amx) {
+        if route == Route::PackedAmx {
             let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let xp = self.bf16_acts(&mut bufs.0, GemmPath::Amx, x)?;
+            let xp = Activations::Bf16(self.bf16_acts(&mut bufs.0, GemmPath::Amx, x)?);
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let key = || {
-                    let class = weight_class(w.tensor.name());
-                    format!("gemm {class} {:?} packed amx", w.dtype)
-                };
-                self.timed(key, || packed(w).gemm_amx(xp, &mut o.data, pool))
-                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+                let wp = Weights::Packed(packed(w));
+                self.timed(gemm_key(w, route), || {
+                    matmul::run(route, wp, xp, &mut o.data, pool)
+                })
+                .map_err(|e| kernel_err(w.tensor.name(), e))?;
             }
             drop(bufs);
             if swiglu {
@@ -488,20 +481,19 @@ impl CpuBackend {
             }
             return Ok(());
         }
-        if n >= GEMM_MIN_TOKENS && self.gemm.is_some() {
+        if let Route::PackedGemm(_) = route {
             let mut bufs = self.gemm_bufs.lock().unwrap_or_else(|p| p.into_inner());
             let xq = self.int8_acts(&mut bufs.1, x)?;
             let rq = self.residual_acts(ws, xq, x)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
-                let key = || {
-                    let class = weight_class(w.tensor.name());
-                    format!("gemm {class} {:?} packed {}", w.dtype, path.name())
-                };
-                self.timed(key, || packed(w).gemm(path, xq, &mut o.data, pool))
+                let wp = Weights::Packed(packed(w));
+                let run =
+                    |x, out: &mut [f32]| matmul::run(route, wp, Activations::Int8(x), out, pool);
+                self.timed(gemm_key(w, route), || run(xq, &mut o.data))
                     .map_err(|e| kernel_err(w.tensor.name(), e))?;
                 if let Some(rq) = rq.as_ref().filter(|_| two_level(w)) {
                     let mut lo = vec![0f32; o.data.len()]; // [n_tokens, rows] f32
-                    self.timed(key, || packed(w).gemm(path, rq, &mut lo, pool))
+                    self.timed(gemm_key(w, route), || run(rq, &mut lo))
                         .map_err(|e| kernel_err(w.tensor.name(), e))?;
                     o.data.iter_mut().zip(&lo).for_each(|(y, l)| *y += l);
                 }
@@ -526,12 +518,10 @@ impl CpuBackend {
                 let panels = r.start / rows..r.end.div_ceil(rows);
                 let err = |e| kernel_err(ws[i].tensor.name(), e);
                 let w = packed(ws[i]);
-                w.gemv_panels(path, &xq, panels.clone(), out, r.len())
-                    .map_err(err)?;
+                matmul::run_panels(route, w, &xq, panels.clone(), out, r.len()).map_err(err)?;
                 if let Some(rq) = rq.as_ref().filter(|_| two_level(ws[i])) {
                     let mut lo = vec![0f32; out.len()]; // [n_tokens, rows] f32
-                    w.gemv_panels(path, rq, panels, &mut lo, r.len())
-                        .map_err(err)?;
+                    matmul::run_panels(route, w, rq, panels, &mut lo, r.len()).map_err(err)?;
                     out.iter_mut().zip(&lo).for_each(|(y, l)| *y += l);
                 }
                 Ok(())
@@ -622,10 +612,11 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
-    /// [`CpuBackend::matmuls`] through the prefill GEMM: `x` packed once, one GEMM per matrix.
+    /// [`CpuBackend::matmuls`] through the prefill GEMM on the file's blocks: each matrix on
+    /// its [`matmul::Plan::file_route`] (int8 where the weight type allows, else bf16 panels), `x`
+    /// quantized or packed at most once per form.
     fn gemm_matmuls(
         &self,
-        path: GemmPath,
         ws: &[&CpuMatrix],
         x: &HostAct,
         outs: &mut [&mut HostAct],
@@ -643,46 +634,33 @@ impl CpuBackend {
                 rows: w.rows,
                 cols: w.cols,
             };
-            if let Some(i8path) = self.int8.filter(|p| p.supports(w.dtype))
-                && gemm::int8::unsupported(&wr).is_none()
-            {
-                if !q_fresh {
-                    self.int8_acts(&mut bufs.1, x)?;
-                    q_fresh = true;
+            let route = self.plan.file_route(&wr, x.n_tokens, true);
+            let acts = match route.input() {
+                ActForm::Int8 => {
+                    if !q_fresh {
+                        self.int8_acts(&mut bufs.1, x)?;
+                        q_fresh = true;
+                    }
+                    let Some(xq) = &bufs.1 else {
+                        unreachable!("quantized above")
+                    };
+                    Activations::Int8(xq)
                 }
-                let Some(xq) = &bufs.1 else {
-                    unreachable!("quantized above")
-                };
-                let key = || {
-                    format!(
-                        "gemm {} {:?} {}",
-                        weight_class(w.tensor.name()),
-                        w.dtype,
-                        i8path.name()
-                    )
-                };
-                self.timed(key, || {
-                    gemm::int8::gemm_i8(i8path, wr, xq, &mut o.data, Some(&self.pool))
-                })
-                .map_err(|e| kernel_err(w.tensor.name(), e))?;
-                continue;
-            }
-            if !p_fresh {
-                self.bf16_acts(&mut bufs.0, path, x)?;
-                p_fresh = true;
-            }
-            let Some(xp) = &bufs.0 else {
-                unreachable!("packed above")
+                ActForm::Bf16(path) => {
+                    if !p_fresh {
+                        self.bf16_acts(&mut bufs.0, path, x)?;
+                        p_fresh = true;
+                    }
+                    let Some(xp) = &bufs.0 else {
+                        unreachable!("packed above")
+                    };
+                    Activations::Bf16(xp)
+                }
+                ActForm::Dot => unreachable!("file_gemm checked by the caller"),
             };
-            let key = || {
-                format!(
-                    "gemm {} {:?} {path:?}",
-                    weight_class(w.tensor.name()),
-                    w.dtype
-                )
-            };
-            self.timed(key, || {
-                gemm::gemm(path, wr, xp, &mut o.data, Some(&self.pool))
+            let out = &mut o.data;
+            self.timed(gemm_key(w, route), || {
+                matmul::run(route, Weights::File(wr), acts, out, Some(&self.pool))
             })
             .map_err(|e| kernel_err(w.tensor.name(), e))?;
         }
@@ -690,6 +668,14 @@ impl CpuBackend {
             self.swiglu_rows(outs);
         }
         Ok(())
+    }
+}
+
+/// The profile label of a GEMM of `w` on `route` (`gemm attn_q Q4_K packed vnni`).
+fn gemm_key(w: &CpuMatrix, route: Route) -> impl FnOnce() -> String + '_ {
+    move || {
+        let class = weight_class(w.tensor.name());
+        format!("gemm {class} {:?} {}", w.dtype, route.name())
     }
 }
 
