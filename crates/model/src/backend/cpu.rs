@@ -21,8 +21,8 @@
 //! Weight types without a dot-product kernel (F32, F16, BF16, Q5_1, Q2_K, Q3_K, ...) are
 //! dequantized one row at a time and dotted in f32, with the same work split.
 //!
-//! The model crate forbids `unsafe`: threads write disjoint output chunks handed out as
-//! `Mutex<&mut [f32]>` (one uncontended lock per thread per op).
+//! The model crate forbids `unsafe`: threads write disjoint `&mut` output chunks handed out
+//! by the pool ([`ThreadPool::for_each_chunk_mut`], [`ThreadPool::for_each_task`]).
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -33,7 +33,7 @@ use damascus_kernels::attn_prefill;
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
 use damascus_kernels::matmul::Plan;
-use damascus_kernels::pool::{ThreadClamp, ThreadPool, chunk_len, physical_cores, split_range};
+use damascus_kernels::pool::{ThreadClamp, ThreadPool, chunk_len, physical_cores};
 use damascus_kernels::quantdot::{self, DotKernels, Isa, WeightType};
 use damascus_kernels::reference as k;
 use damascus_kernels::reference::AttnShape;
@@ -293,24 +293,6 @@ fn kernel_err(what: &str, e: quantdot::KernelError) -> ModelError {
     }
 }
 
-/// One thread's share of an output: its range of rows or tokens and its slice.
-type Chunk<'a, T> = (Range<usize>, Mutex<&'a mut [T]>);
-
-/// `data` cut into `nt` consecutive chunks of whole units (`unit` elements each), thread `t`
-/// getting `split_range(n_units, align, t, nt)`; each behind its own lock.
-fn split_mut<T>(data: &mut [T], unit: usize, align: usize, nt: usize) -> Vec<Chunk<'_, T>> {
-    let n_units = data.len() / unit.max(1);
-    let mut rest = data;
-    let mut out = Vec::with_capacity(nt);
-    for t in 0..nt {
-        let r = split_range(n_units, align, t, nt);
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * unit);
-        rest = tail;
-        out.push((r, Mutex::new(head)));
-    }
-    out
-}
-
 /// Records the first error of a parallel region.
 #[derive(Default)]
 struct FirstError(Mutex<Option<ModelError>>);
@@ -380,31 +362,32 @@ impl CpuBackend {
         let group = n_head / n_head_kv;
         let (n_tokens, q_width) = (q.n_tokens, q.width);
         if n_tokens == 1 {
-            let chunks = split_mut(&mut out.data, hd, 1, self.pool.n_threads());
-            self.pool.run(&|t, _| {
-                let (heads, chunk) = &chunks[t];
-                let mut o = chunk.lock().unwrap_or_else(|p| p.into_inner());
-                let mut scores = Vec::with_capacity(pos0 + 1); // [n_visible] f32
-                attn_heads_f32(
-                    &q.data,
-                    kc,
-                    vc,
-                    heads.clone(),
-                    group,
-                    hd,
-                    n_ctx,
-                    attn.first_visible(pos0)..pos0 + 1,
-                    &mut o,
-                    &mut scores,
-                );
-            });
+            let per = chunk_len(n_head, 1, self.pool.n_threads());
+            self.pool
+                .for_each_chunk_mut(&mut out.data, per * hd, &|c, o| {
+                    let heads = c * per..c * per + o.len() / hd;
+                    let mut scores = Vec::with_capacity(pos0 + 1); // [n_visible] f32
+                    attn_heads_f32(
+                        &q.data,
+                        kc,
+                        vc,
+                        heads,
+                        group,
+                        hd,
+                        n_ctx,
+                        attn.first_visible(pos0)..pos0 + 1,
+                        o,
+                        &mut scores,
+                    );
+                });
             return Ok(());
         }
-        let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
-        self.pool.run(&|t, nt| {
-            let mut scores = Vec::with_capacity(pos0 + n_tokens); // [n_visible] f32
-            for tok in (t..n_tokens).step_by(nt) {
-                let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
+        // One task per token, the latest (most positions) first.
+        let rows: Vec<(usize, &mut [f32])> =
+            out.data.chunks_mut(q_width).enumerate().rev().collect();
+        let scores = || Vec::with_capacity(pos0 + n_tokens); // [n_visible] f32
+        self.pool
+            .for_each_task_with(rows, &scores, &|_, (tok, o), scores| {
                 attn_heads_f32(
                     &q.data[tok * q_width..(tok + 1) * q_width],
                     kc,
@@ -414,11 +397,10 @@ impl CpuBackend {
                     hd,
                     n_ctx,
                     attn.first_visible(pos0 + tok)..pos0 + tok + 1,
-                    &mut o,
-                    &mut scores,
+                    o,
+                    scores,
                 );
-            }
-        });
+            });
         Ok(())
     }
 }
@@ -853,22 +835,18 @@ impl Backend for CpuBackend {
                 )
                 .map_err(|e| kernel_err("attention", e));
             }
-            // Other head sizes, and prompts a sliding window clips: tokens dealt round-robin
-            // (later ones see more positions).
-            let rows: Vec<Mutex<&mut [f32]>> = out.data.chunks_mut(q_width).map(Mutex::new).collect();
+            // Other head sizes, and prompts a sliding window clips: one task per token, the
+            // latest (most positions) first.
+            let rows: Vec<(usize, &mut [f32])> =
+                out.data.chunks_mut(q_width).enumerate().rev().collect();
             let err = FirstError::default();
-            self.pool.run(&|t, nt| {
-                for tok in (t..n_tokens).step_by(nt) {
-                    let mut o = rows[tok].lock().unwrap_or_else(|p| p.into_inner());
-                    let qr = &q.data[tok * q_width..(tok + 1) * q_width];
-                    let (kw, vw, n_kv) = windowed(pos0 + tok);
-                    if let Err(e) = attn_decode_f16(qr, kw, vw, dshape, n_kv, &mut o, None) {
-                        err.set(kernel_err("attention", e));
-                        return;
-                    }
+            self.pool.for_each_task(rows, &|_, (tok, o)| {
+                let qr = &q.data[tok * q_width..(tok + 1) * q_width];
+                let (kw, vw, n_kv) = windowed(pos0 + tok);
+                if let Err(e) = attn_decode_f16(qr, kw, vw, dshape, n_kv, o, None) {
+                    err.set(kernel_err("attention", e));
                 }
             });
-            drop(rows);
             err.into_result()
         })
     }
