@@ -264,6 +264,48 @@ mod tests {
     }
 
     #[test]
+    fn plans_follow_the_settings() {
+        let isa = crate::quantdot::kernels().isa();
+        let on = KernelSettings::default();
+        let p = Plan::new(&on, isa);
+        assert_eq!(p.repack, p.packed.is_some());
+        assert!(!p.file_layout_gemm);
+        assert!(p.gemm.is_none_or(|g| g.is_available()));
+        assert!(p.int8.is_none_or(|g| g.is_available()));
+        // Without the prompt GEMM nothing is repacked and no int8 GEMM runs.
+        let off = Plan::new(
+            &KernelSettings {
+                gemm: false,
+                ..on.clone()
+            },
+            isa,
+        );
+        assert_eq!(
+            (off.gemm, off.int8, off.packed, off.repack),
+            (None, None, None, false)
+        );
+        let no_repack = Plan::new(
+            &KernelSettings {
+                repack: false,
+                ..on.clone()
+            },
+            isa,
+        );
+        assert_eq!(no_repack.packed, p.packed);
+        assert!(!no_repack.repack);
+        let file = Plan::new(
+            &KernelSettings {
+                file_layout_gemm: true,
+                int8: false,
+                ..on
+            },
+            isa,
+        );
+        assert!(file.file_layout_gemm && file.int8.is_none());
+        assert_eq!(file.gemm, p.gemm);
+    }
+
+    #[test]
     fn routes_follow_layout_and_token_count() {
         let vnni = plan(
             Some(GemmPath::Avx512),
