@@ -1,7 +1,11 @@
-//! The CPU backend's matmuls: which kernel multiplies a prepared matrix (repacked panels,
-//! the int8 or bf16-panel prompt GEMM, or per-token dot products) and how the work is cut
-//! into chunks handed out over the pool ([`ThreadPool::for_each_task`]: a late thread costs
-//! one chunk, and a chunk's result never depends on the thread that ran it).
+//! The CPU backend's matmuls. Which kernel multiplies a prepared matrix (repacked panels,
+//! the int8 or bf16-panel prompt GEMM, or per-token dot products) is the kernels crate's
+//! [`matmul::Plan`] (a [`Route`] per layout and token count, run by [`matmul::run`]); what
+//! stays here is model-specific: matrices fused into one fork/join (Q/K/V, gate/up with their
+//! SwiGLU), two-level activations for Q/K/V, the activation buffers kept between matmuls,
+//! profile labels, the per-token dot products, and how the work is cut into chunks handed out
+//! over the pool ([`ThreadPool::for_each_task`]: a late thread costs one chunk, and a chunk's
+//! result never depends on the thread that ran it).
 
 use std::ops::Range;
 
