@@ -101,6 +101,16 @@ fn threads_are_clamped_and_zero_means_all() {
     assert!(err.contains("warning: -t 100000 is more than the"), "{err}");
     let (_, err) = ok(&["generate", "-p", "Hi", "-n", "2", "-t", "0"], None);
     assert!(!err.contains("warning"), "{err}");
+    // bench reports the count that ran, not the one asked for.
+    let (out, err) = ok(
+        &[
+            "bench", "-p", "4", "-n", "0", "-r", "1", "-t", "100000", "--json",
+        ],
+        None,
+    );
+    assert!(err.contains("warning: -t 100000 is more than the"), "{err}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(out.contains(&format!("\"n_threads\": {cores},")), "{out}");
 }
 
 /// B5: `run` talks to an instruct model through its template; `--raw` completes the text.

@@ -18,14 +18,14 @@
 
 mod common;
 
+use common::sim::{seq, simulate};
+
 use std::path::Path;
 use std::sync::Arc;
 
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::host_argmax;
-use damascus_model::batch::{PagedCache, SeqInput};
-use damascus_model::kv_pool::{BlockPool, BlockTable};
 use damascus_model::{BackendKind, LoadOptions, Model};
 use damascus_quant::recipe::Mix;
 
@@ -34,104 +34,12 @@ const BLOCK: usize = 16;
 const N_BLOCKS: usize = 128;
 const MIN_COSINE: f64 = 0.999;
 
-/// A sequence of the simulated server.
-struct Seq {
-    arrive: usize,
-    all: Vec<u32>,
-    n_past: usize,
-    n_gen: usize,
-    table: Option<BlockTable>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn seq(arrive: usize, all: Vec<u32>, n_gen: usize) -> Seq {
-    Seq {
-        arrive,
-        all,
-        n_past: 0,
-        n_gen,
-        table: None,
-        logits: Vec::new(),
-    }
-}
-
 /// `n` token ids below `n_vocab` (past the first few, often special).
 fn prompt(seed: u32, n: usize, n_vocab: usize) -> Vec<u32> {
     let span = (n_vocab as u32).saturating_sub(8).clamp(1, 5000);
     (0..n as u32)
         .map(|i| 4 + (seed * 7919 + i * 104_729) % span)
         .collect()
-}
-
-/// Runs `seqs` to completion: each step takes every decoding sequence's token, then prompt
-/// chunks by arrival up to `budget` tokens. Returns every sequence's logits per sampled token.
-fn simulate(model: &Model, mut seqs: Vec<Seq>, budget: usize) -> Vec<Vec<Vec<f32>>> {
-    let mut cache: PagedCache = model.paged_cache(N_BLOCKS, BLOCK).unwrap();
-    let mut pool = BlockPool::new(N_BLOCKS, BLOCK);
-    let mut step = 0;
-    while seqs.iter().any(|s| s.logits.len() < s.n_gen) {
-        for s in seqs.iter_mut() {
-            if s.arrive == step {
-                let (mut t, hit) = pool.start(&s.all, true);
-                pool.reserve(&mut t, s.all.len() + s.n_gen).unwrap();
-                s.n_past = hit;
-                s.table = Some(t);
-            }
-        }
-        let mut left = budget;
-        let mut chunks = vec![0usize; seqs.len()];
-        for (c, s) in chunks.iter_mut().zip(&seqs) {
-            if s.table.is_some() && s.all.len() - s.n_past == 1 {
-                *c = 1;
-                left = left.saturating_sub(1);
-            }
-        }
-        for (c, s) in chunks.iter_mut().zip(&seqs) {
-            let rest = s.all.len() - s.n_past;
-            if s.table.is_some() && rest > 1 && left > 0 {
-                *c = rest.min(left);
-                left -= *c;
-            }
-        }
-        let inputs: Vec<SeqInput<'_>> = seqs
-            .iter()
-            .zip(&chunks)
-            .filter(|(_, c)| **c > 0)
-            .map(|(s, &c)| SeqInput {
-                ids: &s.all[s.n_past..s.n_past + c],
-                pos0: s.n_past,
-                table: &s.table.as_ref().unwrap().blocks,
-                logits: s.n_past + c == s.all.len(),
-            })
-            .collect();
-        let out = if inputs.is_empty() {
-            Vec::new()
-        } else {
-            cache.forward(&inputs).unwrap()
-        };
-        drop(inputs);
-        let mut out = out.into_iter();
-        for (s, &c) in seqs.iter_mut().zip(&chunks) {
-            if c == 0 {
-                continue;
-            }
-            s.n_past += c;
-            pool.commit(s.table.as_mut().unwrap(), &s.all[..s.n_past]);
-            if s.n_past == s.all.len() {
-                let l = out.next().unwrap();
-                s.all.push(host_argmax(&l));
-                s.logits.push(l);
-                if s.logits.len() == s.n_gen {
-                    pool.release(s.table.take().unwrap());
-                }
-            }
-        }
-        step += 1;
-        assert!(step < 1000, "the simulation does not finish");
-    }
-    let tables: Vec<&BlockTable> = seqs.iter().filter_map(|s| s.table.as_ref()).collect();
-    pool.check(&tables).unwrap();
-    seqs.into_iter().map(|s| s.logits).collect()
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -176,7 +84,13 @@ fn assert_same_tokens(alone: &[Vec<f32>], batched: &[Vec<f32>], what: &str) {
 fn check(model: &Model, others: u32, budget: usize, what: &str) {
     let n_vocab = model.params().n_vocab;
     let target = prompt(1, 21, n_vocab);
-    let alone = simulate(model, vec![seq(0, target.clone(), 6)], budget);
+    let alone = simulate(
+        model,
+        vec![seq(0, target.clone(), 6)],
+        budget,
+        N_BLOCKS,
+        BLOCK,
+    );
     let mut seqs = vec![seq(2, target.clone(), 6)];
     for i in 0..others {
         let mut p = prompt(10 + i, 3 + (i as usize * 5) % 29, n_vocab);
@@ -188,7 +102,7 @@ fn check(model: &Model, others: u32, budget: usize, what: &str) {
     let mut extended = target.clone();
     extended.extend(prompt(99, 5, n_vocab));
     seqs.push(seq(9, extended, 3));
-    let batched = simulate(model, seqs, budget);
+    let batched = simulate(model, seqs, budget, N_BLOCKS, BLOCK);
     assert_same_tokens(&alone[0], &batched[0], what);
 }
 

@@ -266,9 +266,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|t| t.depth + t.n_tokens())
         .max()
         .unwrap_or(1);
-    let threads = args
-        .threads
-        .unwrap_or_else(damascus_kernels::pool::physical_cores);
+    // Clamped to the available cores (with a warning) like every command's -t, so the table's
+    // threads column says what ran.
+    let threads =
+        super::threads(args.threads).unwrap_or_else(damascus_kernels::pool::physical_cores);
     let opts = LoadOptions {
         n_ctx: Some(n_ctx),
         backend: args.backend.kind(args.reference, Some(threads))?,

@@ -1,6 +1,8 @@
 //! Test helpers shared by the backend tests: synthetic models generated once per machine.
 #![allow(dead_code)]
 
+pub mod sim;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
