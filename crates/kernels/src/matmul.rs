@@ -207,6 +207,21 @@ pub fn run(
     }
 }
 
+/// `out += x · Wᵀ` on a GEMM `route`, bit for bit `out` plus the result of [`run`] (the
+/// second level of two-level activations).
+pub fn run_add(
+    route: Route,
+    w: Weights<'_>,
+    x: Activations<'_>,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    let mut lo = vec![0f32; out.len()]; // [n_tokens, rows] f32
+    run(route, w, x, &mut lo, pool)?;
+    out.iter_mut().zip(&lo).for_each(|(y, l)| *y += l);
+    Ok(())
+}
+
 /// The rows of 32-row `panels` of a repacked matrix on [`Route::PackedGemv`], on the calling
 /// thread: `out[t * stride + r]` for row `r` of the panels (the backend splits panels over
 /// its pool, fused with its other matrices).
@@ -413,6 +428,18 @@ mod tests {
                 )
                 .unwrap();
                 assert_eq!(out, want, "{p:?} {dtype:?} packed");
+                let base: Vec<f32> = (0..out.len()).map(|i| i as f32 * 0.25 - 3.0).collect();
+                let mut sum = base.clone();
+                run_add(
+                    Route::PackedGemm(p),
+                    packed,
+                    Activations::Int8(&xq),
+                    &mut sum,
+                    None,
+                )
+                .unwrap();
+                let want_sum: Vec<f32> = base.iter().zip(&want).map(|(b, w)| b + w).collect();
+                assert_eq!(sum, want_sum, "{p:?} {dtype:?} packed add");
                 // Panel 1 alone (rows 32..64) at a stride of 32.
                 let mut got = vec![f32::NAN; 3 * 32];
                 run_panels(Route::PackedGemv(p), &m, &xq, 1..2, &mut got, 32).unwrap();

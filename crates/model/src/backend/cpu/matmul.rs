@@ -491,15 +491,16 @@ impl CpuBackend {
             let rq = self.residual_acts(ws, xq, x)?;
             for (w, o) in ws.iter().zip(outs.iter_mut()) {
                 let wp = Weights::Packed(packed(w));
-                let run =
-                    |x, out: &mut [f32]| matmul::run(route, wp, Activations::Int8(x), out, pool);
-                self.timed(gemm_key(w, route), || run(xq, &mut o.data))
-                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
+                let out = &mut o.data;
+                self.timed(gemm_key(w, route), || {
+                    matmul::run(route, wp, Activations::Int8(xq), out, pool)
+                })
+                .map_err(|e| kernel_err(w.tensor.name(), e))?;
                 if let Some(rq) = rq.as_ref().filter(|_| two_level(w)) {
-                    let mut lo = vec![0f32; o.data.len()]; // [n_tokens, rows] f32
-                    self.timed(gemm_key(w, route), || run(rq, &mut lo))
-                        .map_err(|e| kernel_err(w.tensor.name(), e))?;
-                    o.data.iter_mut().zip(&lo).for_each(|(y, l)| *y += l);
+                    self.timed(gemm_key(w, route), || {
+                        matmul::run_add(route, wp, Activations::Int8(rq), out, pool)
+                    })
+                    .map_err(|e| kernel_err(w.tensor.name(), e))?;
                 }
             }
             drop(bufs);
