@@ -2,32 +2,14 @@
 //! bias add, per-head RMSNorm, scale, soft-cap), CPU backend against the scalar reference on
 //! awkward sizes, on 1 and 3 threads and both cache types.
 
+mod common;
+
+use common::{act, vals};
 use damascus_kernels::reference::AttnShape;
 use damascus_model::KvCacheType;
 use damascus_model::backend::cpu::CpuBackend;
 use damascus_model::backend::reference::{HostAct, ReferenceBackend};
 use damascus_model::backend::{AttnSpec, Backend, KvShape};
-
-/// Deterministic pseudo-random values in about [-1, 1).
-fn vals(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn act(n_tokens: usize, width: usize, seed: u64) -> HostAct {
-    HostAct {
-        n_tokens,
-        width,
-        data: vals(n_tokens * width, seed),
-    }
-}
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

@@ -6,32 +6,13 @@
 
 mod common;
 
+use common::act;
+
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 use damascus_model::backend::cpu::CpuBackend;
 use damascus_model::backend::reference::{HostAct, ReferenceBackend};
 use damascus_model::backend::{AttnSpec, Backend, KvShape, PagedBatch, RopeParams, SeqSpan};
 use damascus_model::{KvCacheType, LoadOptions, Model};
-
-/// Deterministic pseudo-random values in about [-1, 1).
-fn vals(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn act(n_tokens: usize, width: usize, seed: u64) -> HostAct {
-    HostAct {
-        n_tokens,
-        width,
-        data: vals(n_tokens * width, seed),
-    }
-}
 
 /// A prompt of `chunks` (token counts) through layer 1's paged attention on `b` (one sequence,
 /// blocks of 16 in a scrambled table, RoPE on), every chunk's output concatenated.

@@ -67,3 +67,29 @@ pub fn default_model_file() -> Arc<GgufFile> {
     })
     .clone()
 }
+
+/// Deterministic pseudo-random values in about [-1, 1).
+pub fn vals(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `[n_tokens, width]` of [`vals`].
+pub fn act(
+    n_tokens: usize,
+    width: usize,
+    seed: u64,
+) -> damascus_model::backend::reference::HostAct {
+    damascus_model::backend::reference::HostAct {
+        n_tokens,
+        width,
+        data: vals(n_tokens * width, seed),
+    }
+}
