@@ -27,7 +27,7 @@ mod recorder;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
@@ -60,6 +60,10 @@ pub const SOURCE: &str = concat!(
 /// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
+/// Most rows a pass may multiply on the dp4a GEMVs ([`Gpu::set_gemv_rows`]); activations keep
+/// their second q8 level for this many rows.
+pub const MAX_GEMV_ROWS: usize = 64;
+
 /// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
@@ -83,6 +87,12 @@ pub struct Gpu {
     /// Decode batches of 2..GEMM_MIN_TOKENS tokens on `gemv_batch` (one weight load per 8
     /// tokens) instead of the one-token GEMV per token (on at first; [`Gpu::set_gemv_batch`]).
     gemv_batch_enabled: AtomicBool,
+    /// Passes of up to this many rows multiply on the GEMVs, longer ones on the prompt GEMM
+    /// (`GEMM_MIN_TOKENS - 1..=MAX_GEMV_ROWS`; [`Gpu::set_gemv_rows`]).
+    gemv_rows: AtomicUsize,
+    /// Passes of up to this many rows on the prompt GEMM take the int8 MMQ kernels even when
+    /// `mmq_enabled` is off (0: none; [`Gpu::set_mmq_rows`]).
+    mmq_rows: AtomicUsize,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
@@ -270,6 +280,8 @@ impl Gpu {
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
             gemv_batch_enabled: AtomicBool::new(gemv_batch_enabled),
+            gemv_rows: AtomicUsize::new(GEMM_MIN_TOKENS - 1),
+            mmq_rows: AtomicUsize::new(0),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,

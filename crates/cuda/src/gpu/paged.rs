@@ -16,6 +16,7 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
+use super::Gpu;
 use super::attention::{ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, decode_chunk, flash_smem};
 use super::buffers::{DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
@@ -24,7 +25,6 @@ use super::launch::{
 };
 use super::ops::div_ceil_u32;
 use super::recorder::Op;
-use super::{GEMM_MIN_TOKENS, Gpu};
 use crate::error::CudaError;
 
 /// One sequence of a batched pass.
@@ -210,7 +210,7 @@ impl Gpu {
         // what their rows need.
         let bound = decode_splits_bound(kv.n_ctx).max(bt.max_splits);
         let graphed = bt.n_dec == n
-            && (n < GEMM_MIN_TOKENS || self.mmq_enabled.load(Ordering::Relaxed))
+            && (self.gemv_takes(n) || self.mmq_takes(n))
             && n * n_head * bound * (hd * 4 + 8) <= GRAPH_PARTIALS;
         let n_split = if graphed { bound } else { bt.max_splits };
         if n_split > 65535 || bt.n_dec > 65535 {

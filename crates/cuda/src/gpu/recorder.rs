@@ -13,7 +13,7 @@ use cudarc::driver::{CudaGraph, result, sys};
 use super::buffers::{DevAct, DevBuf};
 use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr};
 use super::profile::Profile;
-use super::{Gpu, MAX_GRAPHS, call};
+use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, MAX_GRAPHS, call};
 use crate::error::CudaError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -150,6 +150,33 @@ impl Gpu {
     /// Turns the int8 MMQ prompt matmuls on or off (off at first).
     pub fn set_mmq(&self, on: bool) {
         self.mmq_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Passes of up to `rows` rows multiply on the dp4a GEMVs (the batched GEMV from two rows:
+    /// every row gets the bits of its own one-row pass), longer ones on the prompt GEMM
+    /// (cuBLAS bf16, or MMQ). Clamped to `GEMM_MIN_TOKENS - 1..=MAX_GEMV_ROWS`; the default
+    /// is `GEMM_MIN_TOKENS - 1`. Set it before allocating activations for longer passes.
+    pub fn set_gemv_rows(&self, rows: usize) {
+        let rows = rows.clamp(GEMM_MIN_TOKENS - 1, MAX_GEMV_ROWS);
+        self.gemv_rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Passes of `GEMM_MIN_TOKENS..=rows` rows that reach the prompt GEMM take the int8 MMQ
+    /// kernels on the quantized weights (where the format has one) even with MMQ off for
+    /// prompts: decode batches then read the 4-bit weights instead of their bf16 copy and
+    /// stay graphable. 0 (the default): none.
+    pub fn set_mmq_rows(&self, rows: usize) {
+        self.mmq_rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Whether a pass of `n` rows multiplies on the GEMVs.
+    pub(super) fn gemv_takes(&self, n: usize) -> bool {
+        n <= self.gemv_rows.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pass of `n` rows on the prompt GEMM takes MMQ (where the format has it).
+    pub(super) fn mmq_takes(&self, n: usize) -> bool {
+        self.mmq_enabled.load(Ordering::Relaxed) || n <= self.mmq_rows.load(Ordering::Relaxed)
     }
 
     /// Turns the decode-batch GEMV (`gemv_batch`, one weight load per 8 tokens) on or off
