@@ -2,7 +2,8 @@
 //! an activation resized in place ([`Gpu::set_rows`]) gives the bits of a fresh one of that
 //! size on every path; decode batches up to [`Gpu::set_gemv_rows`] rows stay on the GEMVs with
 //! each row's one-row bits; [`Gpu::set_mmq_rows`] sends passes up to that size to MMQ (no bf16
-//! weight copy), longer ones to cuBLAS.
+//! weight copy), longer ones to cuBLAS; a decode batch on cuBLAS replayed as a graph gives the
+//! eager launches' results.
 //!
 //! Runs only with `--features cuda`. Without a device each test says SKIPPED and passes, unless
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure.
@@ -11,7 +12,7 @@
 use std::sync::Arc;
 
 use damascus_cuda::layout;
-use damascus_cuda::{CudaError, DevAct, DevMatrix, Gpu};
+use damascus_cuda::{AttnParams, CudaError, DevAct, DevMatrix, Gpu, PagedSeq};
 use damascus_gguf::GgmlType;
 
 /// A device of each test's own: the row settings are per `Gpu`.
@@ -184,4 +185,77 @@ fn mmq_rows_sends_short_passes_to_mmq_and_long_ones_to_cublas() {
             assert!(m.device_bytes() > packed, "{n} rows: cuBLAS on a bf16 copy");
         }
     }
+}
+
+#[test]
+fn decode_batch_graphs_on_cublas_match_eager_launches() {
+    let Some(g) = gpu() else { return };
+    // 20 decode rows (one per sequence, each in its own block of a shared pool): past the
+    // GEMV rows, so the matmuls run on cuBLAS; with graphs on, the second and later steps
+    // replay the graph captured at the first.
+    let (n, cols, hd, bs) = (20usize, 256usize, 64usize, 16usize);
+    let (m_q, _) = matrix(&g, GgmlType::Q4_K, 2 * hd, cols, true);
+    let (m_k, _) = matrix(&g, GgmlType::Q6_K, hd, cols, true);
+    let (m_v, _) = matrix(&g, GgmlType::Q8_0, hd, cols, true);
+    let (m_o, _) = matrix(&g, GgmlType::Q8_0, cols, 2 * hd, false);
+    let inv = g.upload_f32(&[0.5f32, 0.1, 0.01, 0.001].repeat(8)).unwrap();
+    let tables: Vec<Vec<u32>> = (0..n as u32)
+        .map(|i| vec![(7 * i + 3) % n as u32])
+        .collect();
+    let run = |graphs: bool| -> Vec<Vec<f32>> {
+        g.set_graphs(graphs);
+        let mut kv = g.kv(1, n * bs, 1, hd, 2).unwrap();
+        let x = g.act(n, cols).unwrap();
+        let (q, k, v) = (
+            g.act(n, 2 * hd).unwrap(),
+            g.act(n, hd).unwrap(),
+            g.act(n, hd).unwrap(),
+        );
+        let (a, o) = (g.act(n, 2 * hd).unwrap(), g.act(n, cols).unwrap());
+        (0..12)
+            .map(|pos| {
+                let seqs: Vec<PagedSeq<'_>> = tables
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| PagedSeq {
+                        rows: i..i + 1,
+                        pos0: pos,
+                        table: t,
+                    })
+                    .collect();
+                g.write(&x, &randn(n * cols, pos as u64 + 1)).unwrap();
+                g.write(&o, &randn(n * cols, pos as u64 + 100)).unwrap();
+                g.begin(n, 0).unwrap();
+                g.matmuls(&x, &[(&m_q, &q), (&m_k, &k), (&m_v, &v)], false)
+                    .unwrap();
+                let params = AttnParams {
+                    scale: None,
+                    window: 0,
+                };
+                g.attention_paged(
+                    &mut kv,
+                    0,
+                    bs,
+                    &seqs,
+                    &q,
+                    &k,
+                    &v,
+                    &a,
+                    Some((&inv, false)),
+                    params,
+                )
+                .unwrap();
+                g.matmul_add(&m_o, &a, &o).unwrap();
+                g.end().unwrap();
+                g.read(&o).unwrap()
+            })
+            .collect()
+    };
+    let eager = run(false);
+    let graphed = run(true);
+    assert!(
+        g.gemm_graphs(),
+        "capturing cuBLAS failed: decode batches on it run eager"
+    );
+    assert_eq!(eager, graphed, "graph replay differs from eager launches");
 }

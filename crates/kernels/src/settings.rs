@@ -66,6 +66,9 @@ pub struct KernelSettings {
     /// kernels on the quantized weights instead of cuBLAS bf16 (`None`: none).
     /// `DAMASCUS_CUDA_MMQ_ROWS`.
     pub cuda_mmq_rows: Option<usize>,
+    /// CUDA: a decode batch that multiplies on cuBLAS replays a captured graph too (cuBLAS
+    /// then works in a workspace of its own). `DAMASCUS_CUDA_GRAPH_GEMM` (0: off).
+    pub cuda_graph_gemm: bool,
 }
 
 impl Default for KernelSettings {
@@ -90,6 +93,7 @@ impl Default for KernelSettings {
             cuda_profile: false,
             cuda_gemv_rows: None,
             cuda_mmq_rows: None,
+            cuda_graph_gemm: true,
         }
     }
 }
@@ -118,7 +122,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 18] = [
+    pub const VARS: [(&'static str, &'static str); 19] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -147,6 +151,10 @@ impl KernelSettings {
         (
             "DAMASCUS_CUDA_GEMV_ROWS",
             "CUDA passes of up to N rows on the GEMVs (15..=64, default 15)",
+        ),
+        (
+            "DAMASCUS_CUDA_GRAPH_GEMM",
+            "0: CUDA decode batches on cuBLAS without graphs",
         ),
         (
             "DAMASCUS_CUDA_MMQ_ROWS",
@@ -212,6 +220,7 @@ impl KernelSettings {
             cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
             cuda_gemv_rows: num("DAMASCUS_CUDA_GEMV_ROWS")?,
             cuda_mmq_rows: num("DAMASCUS_CUDA_MMQ_ROWS")?,
+            cuda_graph_gemm: !off("DAMASCUS_CUDA_GRAPH_GEMM"),
         })
     }
 

@@ -15,7 +15,8 @@
 //! through a small device `inputs` buffer written before the flush, so the same graph serves
 //! every decode step of a sequence. A batched pass over the shared paged pool (`paged`) adds
 //! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
-//! rows only, on the GEMVs, is graphed the same way, one graph per batch size.
+//! rows only is graphed the same way, one graph per batch size (its cuBLAS GEMMs included:
+//! cuBLAS works in a workspace of its own, so a captured GEMM allocates nothing).
 
 mod attention;
 mod buffers;
@@ -64,6 +65,9 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 /// their second q8 level for this many rows.
 pub const MAX_GEMV_ROWS: usize = 64;
 
+/// Bytes of cuBLAS's workspace (NVIDIA's recommendation for Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
 /// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
@@ -79,6 +83,11 @@ pub struct Gpu {
     funcs: Vec<CudaFunction>,
     index: HashMap<&'static str, usize>,
     blas: CudaBlas,
+    /// cuBLAS's workspace (`BLAS_WORKSPACE` bytes), set on the handle so that a captured GEMM
+    /// allocates nothing; `None` when cuBLAS refused it.
+    blas_workspace: Option<DevBuf>,
+    /// Decode batches holding cuBLAS GEMMs are graphed ([`Gpu::set_gemm_graphs`]).
+    gemm_graphs: AtomicBool,
     rec: Mutex<Recorder>,
     graphs_enabled: AtomicBool,
     /// Prompt matmuls run the int8 MMQ kernels on the quantized weights
@@ -234,6 +243,20 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(call("creating a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(call("creating a cuBLAS handle"))?;
+        let blas_workspace = {
+            let ws = Self::alloc_on(&stream, BLAS_WORKSPACE)?;
+            // SAFETY: the handle is live, and `ws` (BLAS_WORKSPACE bytes on this device) lives
+            // as long as the `Gpu` that owns both; the handle's stream is never reset (that
+            // would drop the workspace setting).
+            let status = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ws.ptr.0 as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE,
+                )
+            };
+            (status == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(ws)
+        };
         let cc = ctx
             .compute_capability()
             .map_err(call("reading the compute capability"))?;
@@ -275,7 +298,9 @@ impl Gpu {
             stream,
             funcs,
             index,
+            gemm_graphs: AtomicBool::new(graphs_enabled && blas_workspace.is_some()),
             blas,
+            blas_workspace,
             rec: Mutex::new(Recorder::new(inputs)),
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),

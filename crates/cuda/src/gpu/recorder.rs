@@ -1,6 +1,6 @@
 //! The op recorder: ops recorded per forward pass, run at a flush either one by one, under
-//! the profiler, or (a one-token pass, or a batch of decode rows on the GEMVs, flushed whole)
-//! as a cached CUDA graph.
+//! the profiler, or (a one-token pass, or a batch of decode rows, flushed whole) as a cached
+//! CUDA graph.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -65,8 +65,8 @@ pub(super) struct Recorder {
     /// Device copy of `batch_host` (grown on demand).
     pub(super) batch: Option<DevBuf>,
     /// This pass is a batch of decode rows only: its launches repeat step after step while the
-    /// batch keeps its size, so it is graphed like a one-token pass when it holds no cuBLAS
-    /// GEMM (set by `paged`).
+    /// batch keeps its size, so it is graphed like a one-token pass (with its cuBLAS GEMMs
+    /// where `gemm_graphs` allows; set by `paged`).
     pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
@@ -145,6 +145,19 @@ impl Gpu {
     /// Turns decode graphs on or off (on unless profiling).
     pub fn set_graphs(&self, on: bool) {
         self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns graphs of decode batches that multiply on cuBLAS on or off (on at first where
+    /// cuBLAS took a workspace of its own when the device opened; a capture that fails turns
+    /// them off for good).
+    pub fn set_gemm_graphs(&self, on: bool) {
+        self.gemm_graphs
+            .store(on && self.blas_workspace.is_some(), Ordering::Relaxed);
+    }
+
+    /// Whether decode batches on cuBLAS are graphed (see [`Gpu::set_gemm_graphs`]).
+    pub fn gemm_graphs(&self) -> bool {
+        self.gemm_graphs.load(Ordering::Relaxed)
     }
 
     /// Turns the int8 MMQ prompt matmuls on or off (off at first).
@@ -231,11 +244,15 @@ impl Gpu {
             return Ok(());
         }
         let ops = std::mem::take(&mut r.ops);
+        let has_gemm = ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
+        // A decode batch on cuBLAS is graphed too where cuBLAS has its own workspace (it then
+        // allocates nothing while captured) and no capture of one has failed.
+        let gemm_ok = r.decode_batch && self.gemm_graphs.load(Ordering::Relaxed);
         let graphable = self.graphs_enabled.load(Ordering::Relaxed)
             && last
             && !r.flushed_mid
             && (r.n_tokens == 1 || r.decode_batch)
-            && !ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
+            && (!has_gemm || gemm_ok);
         if !last {
             r.flushed_mid = true;
         }
@@ -252,7 +269,16 @@ impl Gpu {
             if r.graphs.len() >= MAX_GRAPHS {
                 r.graphs.clear();
             }
-            let g = self.capture(&ops)?;
+            let g = match self.capture(&ops) {
+                Ok(g) => g,
+                Err(e) if has_gemm => {
+                    // cuBLAS would not be captured: such passes run eager from now on.
+                    self.gemm_graphs.store(false, Ordering::Relaxed);
+                    eprintln!("damascus: decode batches on cuBLAS run without graphs ({e})");
+                    return ops.iter().try_for_each(|o| self.run_op(o));
+                }
+                Err(e) => return Err(e),
+            };
             r.graphs.insert(key, Graph(g));
         }
         r.graphs[&key]

@@ -68,6 +68,9 @@ impl CudaBackend {
         let gpu = Gpu::open_with(ordinal, settings.cuda_profile)?;
         gpu.set_two_level_qkv(settings.two_level_qkv);
         gpu.set_graphs(settings.cuda_graphs && !settings.cuda_profile);
+        gpu.set_gemm_graphs(
+            settings.cuda_graphs && settings.cuda_graph_gemm && !settings.cuda_profile,
+        );
         gpu.set_mmq(settings.cuda_mmq);
         gpu.set_flash(settings.cuda_flash);
         gpu.set_gemv_batch(settings.cuda_gemv_batch);
