@@ -58,6 +58,17 @@ pub struct KernelSettings {
     /// CUDA: per-op GPU times (eager launches, no graphs), printed when the device is
     /// dropped. `DAMASCUS_CUDA_PROFILE` (1: on).
     pub cuda_profile: bool,
+    /// CUDA: passes of up to this many rows (decode batches) multiply on the dp4a GEMVs —
+    /// every row then gets the bits of its own one-row pass —, longer ones on the prompt GEMM
+    /// (`None`: 15; clamped to 15..=64). `DAMASCUS_CUDA_GEMV_ROWS`.
+    pub cuda_gemv_rows: Option<usize>,
+    /// CUDA: passes of up to this many rows that reach the prompt GEMM take the int8 MMQ
+    /// kernels on the quantized weights instead of cuBLAS bf16 (`None`: none).
+    /// `DAMASCUS_CUDA_MMQ_ROWS`.
+    pub cuda_mmq_rows: Option<usize>,
+    /// CUDA: a decode batch that multiplies on cuBLAS replays a captured graph too (cuBLAS
+    /// then works in a workspace of its own). `DAMASCUS_CUDA_GRAPH_GEMM` (0: off).
+    pub cuda_graph_gemm: bool,
 }
 
 impl Default for KernelSettings {
@@ -80,6 +91,9 @@ impl Default for KernelSettings {
             cuda_flash: true,
             cuda_gemv_batch: true,
             cuda_profile: false,
+            cuda_gemv_rows: None,
+            cuda_mmq_rows: None,
+            cuda_graph_gemm: true,
         }
     }
 }
@@ -108,7 +122,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 16] = [
+    pub const VARS: [(&'static str, &'static str); 19] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -134,6 +148,18 @@ impl KernelSettings {
         ),
         ("DAMASCUS_CUDA_GRAPHS", "0: CUDA decode without graphs"),
         ("DAMASCUS_CUDA_MMQ", "1: CUDA prompt matmuls on int8 MMQ"),
+        (
+            "DAMASCUS_CUDA_GEMV_ROWS",
+            "CUDA passes of up to N rows on the GEMVs (15..=64, default 15)",
+        ),
+        (
+            "DAMASCUS_CUDA_GRAPH_GEMM",
+            "0: CUDA decode batches on cuBLAS without graphs",
+        ),
+        (
+            "DAMASCUS_CUDA_MMQ_ROWS",
+            "CUDA passes of 16..=N rows on int8 MMQ (default 0: cuBLAS)",
+        ),
         (
             "DAMASCUS_CUDA_FLASH",
             "0: CUDA prompt attention on CUDA cores",
@@ -192,6 +218,9 @@ impl KernelSettings {
             cuda_flash: !off("DAMASCUS_CUDA_FLASH"),
             cuda_gemv_batch: !off("DAMASCUS_CUDA_GEMV_BATCH"),
             cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
+            cuda_gemv_rows: num("DAMASCUS_CUDA_GEMV_ROWS")?,
+            cuda_mmq_rows: num("DAMASCUS_CUDA_MMQ_ROWS")?,
+            cuda_graph_gemm: !off("DAMASCUS_CUDA_GRAPH_GEMM"),
         })
     }
 

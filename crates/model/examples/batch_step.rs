@@ -2,11 +2,17 @@
 //! step as the batch grows, to see which part does not amortize. A developer tool, not CI.
 //!
 //! `cargo run --release -p damascus-model --example batch_step -- MODEL.gguf [CTX] [STEPS] [B...]`
-//! (`DAMASCUS_PROFILE=1` adds the per-op profile of the whole run.)
+//! (`DAMASCUS_PROFILE=1` adds the per-op profile of the whole run; `DAMASCUS_BACKEND=cuda`
+//! runs on CUDA device 0, built with `--features cuda`.)
+//!
+//! Steps alternate between the two ways the server's engine can take a greedy step: every
+//! sequence's logits read back and picked on the host (`logits`), or only the picks
+//! (`picks`, [`damascus_model::batch::PagedCache::forward_picks`]: the backend's argmax).
 
 use std::time::Instant;
 
 use damascus_kernels::settings::KernelSettings;
+use damascus_model::backend::host_argmax;
 use damascus_model::batch::SeqInput;
 use damascus_model::kv_pool::BlockPool;
 use damascus_model::{BackendKind, LoadOptions, Model};
@@ -30,8 +36,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let kernel = KernelSettings::from_vars(|k| std::env::var(k).ok())?;
     kernel.install()?;
+    let backend = match std::env::var("DAMASCUS_BACKEND").as_deref() {
+        Ok("cuda") => BackendKind::Cuda {
+            device: 0,
+            n_gpu_layers: None,
+            n_threads: None,
+        },
+        _ => BackendKind::Cpu { n_threads: Some(2) },
+    };
     let opts = LoadOptions {
-        backend: BackendKind::Cpu { n_threads: Some(2) },
+        backend,
         kernel,
         ..Default::default()
     };
@@ -60,7 +74,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tables.push(t);
             seqs.push(ids);
         }
-        let mut times = Vec::new();
+        let mut times = [Vec::new(), Vec::new()]; // [logits, picks]
+        let greedy = vec![true; b];
         for step in 0..steps {
             let ins: Vec<SeqInput<'_>> = (0..b)
                 .map(|s| SeqInput {
@@ -71,16 +86,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .collect();
             let t0 = Instant::now();
-            cache.forward(&ins)?;
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+            if step % 2 == 0 {
+                let picks: Vec<u32> = cache
+                    .forward(&ins)?
+                    .iter()
+                    .map(|l| host_argmax(l))
+                    .collect();
+                std::hint::black_box(picks);
+            } else {
+                std::hint::black_box(cache.forward_picks(&ins, &greedy)?);
+            }
+            times[step % 2].push(t0.elapsed().as_secs_f64() * 1e3);
         }
-        times.sort_by(f64::total_cmp);
-        let med = times[times.len() / 2];
-        println!(
-            "B={b:2}  step median {med:7.2} ms  per token {:6.2} ms  {:7.1} tok/s",
-            med / b as f64,
-            b as f64 * 1e3 / med
-        );
+        for (name, t) in ["logits", "picks"].iter().zip(&mut times) {
+            t.sort_by(f64::total_cmp);
+            let med = t.get(t.len() / 2).copied().unwrap_or(f64::NAN);
+            println!(
+                "B={b:2} {name:6}  step median {med:7.2} ms  per token {:6.2} ms  {:7.1} tok/s",
+                med / b as f64,
+                b as f64 * 1e3 / med
+            );
+        }
     }
     Ok(())
 }

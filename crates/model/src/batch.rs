@@ -27,9 +27,24 @@ pub struct SeqInput<'a> {
     pub logits: bool,
 }
 
+/// What a step hands back for one sequence that asked for output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepOut {
+    /// `[n_vocab]` the logits of its last token.
+    Logits(Vec<f32>),
+    /// The greedy pick after its last token (the argmax of those logits, NaN never winning,
+    /// ties to the lowest id: [`crate::backend::host_argmax`]).
+    Token(u32),
+}
+
 /// Backend-erased paged state: what a [`PagedCache`] holds.
 pub(crate) trait PagedState: Send {
     fn forward(&mut self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
+    fn forward_picks(
+        &mut self,
+        seqs: &[SeqInput<'_>],
+        greedy: &[bool],
+    ) -> Result<Vec<StepOut>, ModelError>;
 }
 
 /// The KV memory of many sequences, and batched forward passes over it.
@@ -52,6 +67,33 @@ impl PagedCache {
     /// Runs one step: every sequence's `ids` appended at its positions. Returns the
     /// `[n_vocab]` logits of the last token of each sequence that asked for them, in order.
     pub fn forward(&mut self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check(seqs)?;
+        self.inner.forward(seqs)
+    }
+
+    /// Like [`PagedCache::forward`], but each sequence `i` that asks for output and has
+    /// `greedy[i]` set gets only its greedy pick ([`StepOut::Token`]) — on a device backend
+    /// its logits never leave the device —, the others their logits ([`StepOut::Logits`],
+    /// only those rows read back). `greedy` has one entry per sequence.
+    pub fn forward_picks(
+        &mut self,
+        seqs: &[SeqInput<'_>],
+        greedy: &[bool],
+    ) -> Result<Vec<StepOut>, ModelError> {
+        if greedy.len() != seqs.len() {
+            return Err(ModelError::Tensor {
+                what: format!(
+                    "batch: {} greedy flags for {} sequences",
+                    greedy.len(),
+                    seqs.len()
+                ),
+            });
+        }
+        self.check(seqs)?;
+        self.inner.forward_picks(seqs, greedy)
+    }
+
+    fn check(&self, seqs: &[SeqInput<'_>]) -> Result<(), ModelError> {
         for (i, s) in seqs.iter().enumerate() {
             let end = s.pos0 + s.ids.len();
             if s.ids.is_empty() {
@@ -72,7 +114,7 @@ impl PagedCache {
                 });
             }
         }
-        self.inner.forward(seqs)
+        Ok(())
     }
 
     /// Blocks in the cache.

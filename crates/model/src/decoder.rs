@@ -26,7 +26,7 @@ use damascus_gguf::keys::tensors as names;
 use damascus_kernels::reference::AttnShape;
 
 use crate::backend::{AttnSpec, Backend, KvCacheType, KvShape, PagedBatch, RopeParams, SeqSpan};
-use crate::batch::SeqInput;
+use crate::batch::{SeqInput, StepOut};
 use crate::error::ModelError;
 use crate::params::DecoderParams;
 use crate::tensor::FileTensor;
@@ -103,10 +103,16 @@ pub struct Decoder<B: Backend> {
 const SINGLE_BLOCK: usize = 16;
 
 /// Activation buffers for one forward pass of `n_tokens` tokens, `n_out` of them wanting
-/// logits.
+/// logits. Kept across passes: a pass that fits resizes them in place ([`Backend::set_rows`]),
+/// so steady serving allocates nothing per step and the buffers keep their addresses (a CUDA
+/// graph captured for one batch size replays on every later step of that size).
 struct Scratch<B: Backend> {
     n_tokens: usize,
     n_out: usize,
+    /// Rows every token-sized buffer can hold (the most tokens of any pass so far).
+    cap_tokens: usize,
+    /// Rows `last` and `logits` can hold.
+    cap_out: usize,
     x: B::Act,      // [n_tokens, n_embd] residual stream
     xn: B::Act,     // [n_tokens, n_embd] normed input of a sub-block
     q: B::Act,      // [n_tokens, n_head * head_dim]
@@ -118,6 +124,9 @@ struct Scratch<B: Backend> {
     up: B::Act,     // [n_tokens, n_ff]
     last: B::Act,   // [n_out, n_embd] final-normed rows that want logits
     logits: B::Act, // [n_out, n_vocab]
+    /// `[n_sel, n_vocab]` the rows of `logits` read back when only some rows of a pass want
+    /// their logits (the others take their argmax on the backend), with `n_sel`.
+    sel: Option<(usize, B::Act)>,
 }
 
 /// Per-sequence state: the KV cache, the number of positions already in it, and reusable
@@ -345,12 +354,81 @@ impl<B: Backend> Decoder<B> {
         })
     }
 
+    /// Buffers for a pass of `n_tokens` tokens and `n_out` output rows: `old` resized in place
+    /// when it can hold them, else new ones sized for the larger of the two passes (so the
+    /// set grows to the largest pass seen and then stays).
+    fn scratch_for(
+        &self,
+        old: Option<Scratch<B>>,
+        n_tokens: usize,
+        n_out: usize,
+    ) -> Result<Scratch<B>, ModelError> {
+        let (cap_tokens, cap_out) = match old {
+            Some(mut s) => {
+                if n_tokens <= s.cap_tokens
+                    && n_out <= s.cap_out
+                    && self.resize(&mut s, n_tokens, n_out)?
+                {
+                    return Ok(s);
+                }
+                (s.cap_tokens.max(n_tokens), s.cap_out.max(n_out))
+                // `s` is dropped here, before the larger set is allocated.
+            }
+            None => (n_tokens, n_out),
+        };
+        let mut s = self.scratch(cap_tokens, cap_out)?;
+        if (cap_tokens, cap_out) != (n_tokens, n_out) && !self.resize(&mut s, n_tokens, n_out)? {
+            // A backend that cannot resize: exactly this pass's size.
+            s = self.scratch(n_tokens, n_out)?;
+        }
+        Ok(s)
+    }
+
+    /// Sets every buffer of `s` to `n_tokens` (`n_out`) rows in place; false when the backend
+    /// cannot ([`Backend::set_rows`]).
+    fn resize(
+        &self,
+        s: &mut Scratch<B>,
+        n_tokens: usize,
+        n_out: usize,
+    ) -> Result<bool, ModelError> {
+        if (s.n_tokens, s.n_out) == (n_tokens, n_out) {
+            return Ok(true);
+        }
+        let b = &self.backend;
+        for x in [
+            &mut s.x,
+            &mut s.xn,
+            &mut s.q,
+            &mut s.k,
+            &mut s.v,
+            &mut s.attn,
+            &mut s.proj,
+            &mut s.gate,
+            &mut s.up,
+        ] {
+            if !b.set_rows(x, n_tokens)? {
+                return Ok(false);
+            }
+        }
+        for x in [&mut s.last, &mut s.logits] {
+            if !b.set_rows(x, n_out)? {
+                return Ok(false);
+            }
+        }
+        s.n_tokens = n_tokens;
+        s.n_out = n_out;
+        Ok(true)
+    }
+
     fn scratch(&self, n_tokens: usize, n_out: usize) -> Result<Scratch<B>, ModelError> {
         let p = &self.params;
         let b = &self.backend;
         Ok(Scratch {
             n_tokens,
             n_out,
+            cap_tokens: n_tokens,
+            cap_out: n_out,
             x: b.alloc(n_tokens, p.n_embd)?,
             xn: b.alloc(n_tokens, p.n_embd)?,
             q: b.alloc(n_tokens, p.n_head * p.head_dim)?,
@@ -362,6 +440,7 @@ impl<B: Backend> Decoder<B> {
             up: b.alloc(n_tokens, p.n_ff)?,
             last: b.alloc(n_out, p.n_embd)?,
             logits: b.alloc(n_out, p.n_vocab)?,
+            sel: None,
         })
     }
 
@@ -377,7 +456,7 @@ impl<B: Backend> Decoder<B> {
             .forward_as(state, ids, hook, Want::Logits, Rows::Last)?
             .pop()
         {
-            Some(Output::Logits(l)) => Ok(l),
+            Some(StepOut::Logits(l)) => Ok(l),
             _ => unreachable!("asked for the logits of one row"),
         }
     }
@@ -393,7 +472,7 @@ impl<B: Backend> Decoder<B> {
             .forward_as(state, ids, None, Want::Argmax, Rows::Last)?
             .pop()
         {
-            Some(Output::Token(t)) => Ok(t),
+            Some(StepOut::Token(t)) => Ok(t),
             _ => unreachable!("asked for the argmax of one row"),
         }
     }
@@ -410,8 +489,8 @@ impl<B: Backend> Decoder<B> {
         self.forward_as(state, ids, None, Want::Logits, Rows::All)?
             .into_iter()
             .map(|o| match o {
-                Output::Logits(l) => Ok(l),
-                Output::Token(_) => unreachable!("asked for logits"),
+                StepOut::Logits(l) => Ok(l),
+                StepOut::Token(_) => unreachable!("asked for logits"),
             })
             .collect()
     }
@@ -425,8 +504,8 @@ impl<B: Backend> Decoder<B> {
         self.forward_as(state, ids, None, Want::Argmax, Rows::All)?
             .into_iter()
             .map(|o| match o {
-                Output::Token(t) => Ok(t),
-                Output::Logits(_) => unreachable!("asked for the argmax"),
+                StepOut::Token(t) => Ok(t),
+                StepOut::Logits(_) => unreachable!("asked for the argmax"),
             })
             .collect()
     }
@@ -438,7 +517,7 @@ impl<B: Backend> Decoder<B> {
         mut hook: Option<HiddenHook<'_>>,
         want: Want,
         rows: Rows,
-    ) -> Result<Vec<Output>, ModelError> {
+    ) -> Result<Vec<StepOut>, ModelError> {
         let n_tokens = ids.len();
         if n_tokens == 0 {
             return Err(ModelError::EmptyInput);
@@ -480,10 +559,23 @@ impl<B: Backend> Decoder<B> {
         self.forward_paged(kv, seqs, &mut None, Want::Logits, Rows::Last)?
             .into_iter()
             .map(|o| match o {
-                Output::Logits(l) => Ok(l),
-                Output::Token(_) => unreachable!("asked for logits"),
+                StepOut::Logits(l) => Ok(l),
+                StepOut::Token(_) => unreachable!("asked for logits"),
             })
             .collect()
+    }
+
+    /// Like [`Decoder::forward_batch`], but a sequence with `greedy[i]` set gets only its
+    /// greedy pick ([`StepOut::Token`], computed by [`Backend::argmax`]: on a device backend
+    /// its logits never leave it) and the others their logits ([`StepOut::Logits`]; only
+    /// those rows are read back). A missing `greedy[i]` counts as false.
+    pub fn forward_batch_picks(
+        &self,
+        kv: &mut PagedKv<B>,
+        seqs: &[SeqInput<'_>],
+        greedy: &[bool],
+    ) -> Result<Vec<StepOut>, ModelError> {
+        self.forward_paged(kv, seqs, &mut None, Want::PerSeq(greedy), Rows::Last)
     }
 
     fn forward_paged(
@@ -493,12 +585,13 @@ impl<B: Backend> Decoder<B> {
         hook: &mut Option<HiddenHook<'_>>,
         want: Want,
         rows_out: Rows,
-    ) -> Result<Vec<Output>, ModelError> {
+    ) -> Result<Vec<StepOut>, ModelError> {
         let n_vocab = self.params.n_vocab;
         let mut ids = Vec::new(); // [n_tokens] the step's tokens, sequence after sequence
         let mut spans = Vec::with_capacity(seqs.len());
         let mut out_rows = Vec::new(); // rows whose logits are wanted
-        for s in seqs {
+        let mut picks = Vec::new(); // [out_rows.len()] the row wants only its argmax
+        for (i, s) in seqs.iter().enumerate() {
             if s.ids.is_empty() {
                 return Err(ModelError::EmptyInput);
             }
@@ -522,6 +615,12 @@ impl<B: Backend> Decoder<B> {
                     Rows::Last => out_rows.push(rows.end - 1),
                     Rows::All => out_rows.extend(rows.clone()),
                 }
+                let pick = match want {
+                    Want::Logits => false,
+                    Want::Argmax => true,
+                    Want::PerSeq(greedy) => greedy.get(i).copied().unwrap_or(false),
+                };
+                picks.resize(out_rows.len(), pick);
             }
             spans.push(SeqSpan {
                 rows,
@@ -533,40 +632,71 @@ impl<B: Backend> Decoder<B> {
             return Err(ModelError::EmptyInput);
         }
         if out_rows.is_empty() {
-            // Prompt chunks only: the LM head still runs on one row (discarded).
+            // Prompt chunks only: the LM head still runs on one row (discarded; its argmax
+            // is the cheapest thing to hand back).
             out_rows.push(ids.len() - 1);
+            picks.push(true);
         }
         let n_out = out_rows.len();
-        let mut s = match kv.scratch.take() {
-            Some(s) if s.n_tokens == ids.len() && s.n_out == n_out => s,
-            _ => self.scratch(ids.len(), n_out)?,
-        };
+        let mut s = self.scratch_for(kv.scratch.take(), ids.len(), n_out)?;
         let batch = PagedBatch {
             block_size: kv.block_size,
             seqs: &spans,
         };
         let result = self.run(&mut s, &mut kv.kv, &batch, &ids, &out_rows, hook);
-        let out = result.and_then(|()| match want {
-            Want::Logits => {
-                let all = self.backend.read(&s.logits)?;
-                Ok(all
-                    .chunks_exact(n_vocab)
-                    .map(|r| Output::Logits(r.to_vec()))
-                    .collect())
-            }
-            Want::Argmax => {
-                let ids = self.backend.argmax(&s.logits, n_vocab)?;
-                Ok(ids.into_iter().map(Output::Token).collect())
-            }
-        });
+        let out = result.and_then(|()| self.outputs(&mut s, &picks));
         kv.scratch = Some(s);
-        let mut out: Vec<Output> = out?;
+        let mut out: Vec<StepOut> = out?;
         let wanted: usize = match rows_out {
             Rows::Last => seqs.iter().filter(|s| s.logits).count(),
             Rows::All => seqs.iter().filter(|s| s.logits).map(|s| s.ids.len()).sum(),
         };
         out.truncate(wanted);
         Ok(out)
+    }
+
+    /// What the output rows of a finished pass hand back: the argmax of the rows that want
+    /// only that ([`Backend::argmax`]: one id per row leaves a device), the logits of the
+    /// others (only those rows are read back).
+    fn outputs(&self, s: &mut Scratch<B>, picks: &[bool]) -> Result<Vec<StepOut>, ModelError> {
+        let b = &self.backend;
+        let n_vocab = self.params.n_vocab;
+        let n_pick = picks.iter().filter(|&&p| p).count();
+        if n_pick == 0 {
+            let all = b.read(&s.logits)?;
+            return Ok(all
+                .chunks_exact(n_vocab)
+                .map(|r| StepOut::Logits(r.to_vec()))
+                .collect());
+        }
+        let ids = b.argmax(&s.logits, n_vocab)?;
+        if n_pick == picks.len() {
+            return Ok(ids.into_iter().map(StepOut::Token).collect());
+        }
+        // Mixed: gather the rows that want logits into `sel` and read only those.
+        let rows: Vec<usize> = (0..picks.len()).filter(|&r| !picks[r]).collect();
+        let mut sel = match s.sel.take() {
+            Some((n, a)) if n == rows.len() => a,
+            Some((_, mut a)) => match b.set_rows(&mut a, rows.len())? {
+                true => a,
+                false => b.alloc(rows.len(), n_vocab)?,
+            },
+            None => b.alloc(rows.len(), n_vocab)?,
+        };
+        let read = b
+            .copy_rows(&s.logits, &rows, &mut sel)
+            .and_then(|()| b.read(&sel));
+        s.sel = Some((rows.len(), sel));
+        let read = read?;
+        let mut logits = read.chunks_exact(n_vocab);
+        Ok(picks
+            .iter()
+            .zip(ids)
+            .map(|(&pick, id)| match pick {
+                true => StepOut::Token(id),
+                false => StepOut::Logits(logits.next().map(<[f32]>::to_vec).unwrap_or_default()),
+            })
+            .collect())
     }
 
     fn run(
@@ -712,9 +842,11 @@ impl<B: Backend> Scratch<B> {
 
 /// What a forward pass hands back.
 #[derive(Clone, Copy)]
-enum Want {
+enum Want<'a> {
     Logits,
     Argmax,
+    /// Per sequence: its argmax when true, else its logits.
+    PerSeq(&'a [bool]),
 }
 
 /// Which rows of a sequence that wants logits get them.
@@ -724,9 +856,4 @@ enum Rows {
     Last,
     /// Every row (a speculative verify pass).
     All,
-}
-
-enum Output {
-    Logits(Vec<f32>),
-    Token(u32),
 }

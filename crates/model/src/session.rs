@@ -10,7 +10,7 @@ use damascus_kernels::settings::KernelSettings;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::reference::ReferenceBackend;
 use crate::backend::{Backend, KvCacheType};
-use crate::batch::{PagedCache, PagedState, SeqInput};
+use crate::batch::{PagedCache, PagedState, SeqInput, StepOut};
 use crate::config::ModelConfig;
 use crate::decoder::{Decoder, DecoderState, HiddenHook, PagedKv};
 use crate::error::ModelError;
@@ -148,6 +148,14 @@ struct PagedOf<B: Backend> {
 impl<B: Backend> PagedState for PagedOf<B> {
     fn forward(&mut self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.decoder.forward_batch(&mut self.kv, seqs)
+    }
+
+    fn forward_picks(
+        &mut self,
+        seqs: &[SeqInput<'_>],
+        greedy: &[bool],
+    ) -> Result<Vec<StepOut>, ModelError> {
+        self.decoder.forward_batch_picks(&mut self.kv, seqs, greedy)
     }
 }
 

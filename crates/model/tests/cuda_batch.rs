@@ -12,6 +12,9 @@
 //! closer than the logits' measured disagreement (a near-tie; the sequences are then compared
 //! no further).
 //!
+//! The server's step itself (`PagedCache::forward_picks`: device argmax for greedy rows, the
+//! logits of the others) is checked against the logits of the same pass.
+//!
 //! Runs with `--features cuda`. Without a device every test says SKIPPED and passes, unless
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine).
 #![cfg(feature = "cuda")]
@@ -26,6 +29,7 @@ use std::sync::Arc;
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::host_argmax;
+use damascus_model::batch::{PagedCache, SeqInput, StepOut};
 use damascus_model::{BackendKind, LoadOptions, Model};
 use damascus_quant::recipe::Mix;
 
@@ -182,4 +186,60 @@ fn layer_split_batches_too() {
     let m = Model::from_file(common::tiny(Mix::Q4_K_M, "Q4_K_M"), &opts).unwrap();
     assert!(m.supports_batches(), "{}", m.backend_name());
     check(&m, 15, 24, "tiny-llama3 Q4_K_M, --ngl 1");
+}
+
+#[test]
+fn device_picks_match_the_logits_of_the_same_pass() {
+    // `PagedCache::forward_picks` (the server's step): greedy sequences get the device argmax,
+    // the others their logits (gathered on the device, only those rows read back). Against
+    // `forward` on a twin cache: the same pass, so the same logits up to cuBLAS's run-to-run
+    // determinism, and the picks their argmax (unless a near-tie).
+    if !common::cuda_device() {
+        return;
+    }
+    let m = cuda_model(common::tiny(Mix::Q4_K_M, "Q4_K_M"));
+    let n_vocab = m.config().n_vocab as usize;
+    // 4 sequences, 18 rows (cuBLAS) and then one decode row each (the GEMVs).
+    let prompts: Vec<Vec<u32>> = [5usize, 1, 9, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(i as u32 + 1, n, n_vocab))
+        .collect();
+    let tables: Vec<Vec<u32>> = (0..4u32).map(|i| (4 * i..4 * i + 4).collect()).collect();
+    for greedy in [[true; 4], [true, false, true, false], [false; 4]] {
+        let mut plain: PagedCache = m.paged_cache(N_BLOCKS, BLOCK).unwrap();
+        let mut picks: PagedCache = m.paged_cache(N_BLOCKS, BLOCK).unwrap();
+        let mut all = prompts.clone();
+        let mut n_past = [0usize; 4];
+        for step in 0..3 {
+            let inputs: Vec<SeqInput<'_>> = (0..4)
+                .map(|i| SeqInput {
+                    ids: &all[i][n_past[i]..],
+                    pos0: n_past[i],
+                    table: &tables[i],
+                    logits: true,
+                })
+                .collect();
+            let want = plain.forward(&inputs).unwrap();
+            let got = picks.forward_picks(&inputs, &greedy).unwrap();
+            drop(inputs);
+            for (i, (w, g)) in want.iter().zip(got).enumerate() {
+                let what = format!("step {step} sequence {i} greedy {greedy:?}");
+                let best = host_argmax(w);
+                match g {
+                    StepOut::Token(t) => {
+                        assert!(greedy[i], "{what}: a pick for a sampled row");
+                        let gap = w[best as usize] - w[t as usize];
+                        assert!(t == best || gap < 1e-3, "{what}: pick {t} vs argmax {best}");
+                    }
+                    StepOut::Logits(l) => {
+                        assert!(!greedy[i], "{what}: logits for a greedy row");
+                        assert!(cosine(w, &l) >= 0.99999, "{what}: logits differ");
+                    }
+                }
+                n_past[i] = all[i].len();
+                all[i].push(best);
+            }
+        }
+    }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use damascus_model::Model;
 use damascus_model::backend::host_argmax;
-use damascus_model::batch::{PagedCache, SeqInput};
+use damascus_model::batch::{PagedCache, SeqInput, StepOut};
 use damascus_model::kv_pool::{BlockPool, BlockTable};
 use damascus_runtime::generate::{Completion, StopReason, Timings, TokenEvent};
 use damascus_runtime::sampler::{SamplerChain, token_logprob, top_logprobs};
@@ -324,9 +324,18 @@ impl<'t> Seq<'t> {
         self.job.tx.is_closed() || stopping.load(Ordering::Relaxed)
     }
 
-    /// Samples from `logits` (the last fed position's), streams the token, decides whether
-    /// to stop. Mirrors `Generator::step`.
-    fn take_logits(&mut self, logits: &[f32], tok: &Tokenizer) -> Result<(), String> {
+    /// Whether the next token is the plain argmax of the logits (greedy, no logprobs): then the
+    /// step hands back only that pick, computed where the logits are (on the device for CUDA),
+    /// as the generator's `eval_argmax` does.
+    fn greedy_only(&self) -> bool {
+        let cfg = &self.job.generate;
+        self.sampler.is_plain_greedy() && !cfg.logprobs && cfg.top_logprobs == 0
+    }
+
+    /// Samples from the step's output for this sequence (the last fed position's logits, or
+    /// its greedy pick when [`Seq::greedy_only`]), streams the token, decides whether to stop.
+    /// Mirrors `Generator::step`.
+    fn take_output(&mut self, out: StepOut, tok: &Tokenizer) -> Result<(), String> {
         if self.prefill_end.is_none() {
             let now = Instant::now();
             self.prefill_end = Some(now);
@@ -336,14 +345,17 @@ impl<'t> Seq<'t> {
             let t0 = self.admitted.unwrap_or(now);
             self.timings.prompt_ms = ms(now - t0);
         }
+        let greedy = self.greedy_only();
         let cfg = &self.job.generate;
-        // Plain greedy without logprobs needs only the argmax (as the generator's
-        // `eval_argmax`): no candidate list of the whole vocabulary on the engine thread.
-        let id = if self.sampler.is_plain_greedy() && !cfg.logprobs && cfg.top_logprobs == 0 {
-            host_argmax(logits)
-        } else {
-            self.sampler.sample(logits).map_err(|e| e.to_string())?
+        // Plain greedy without logprobs needs only the argmax: no candidate list of the whole
+        // vocabulary on the engine thread.
+        let (id, logits) = match out {
+            StepOut::Token(id) if greedy => (id, Vec::new()),
+            StepOut::Token(_) => return Err("the step gave no logits to a sampled request".into()),
+            StepOut::Logits(l) if greedy => (host_argmax(&l), l),
+            StepOut::Logits(l) => (self.sampler.sample(&l).map_err(|e| e.to_string())?, l),
         };
+        let logits = logits.as_slice();
         self.sampler.accept(id);
         if self.n_generated() == 0
             && let Some(t0) = self.admitted
@@ -658,13 +670,21 @@ impl Engine {
                     logits: s.n_past + c == s.all.len(),
                 })
                 .collect();
+            // Greedy requests get their pick from the backend; only the others' logits are
+            // read back.
+            let greedy: Vec<bool> = running
+                .iter()
+                .zip(&chunks)
+                .filter(|(_, c)| **c > 0)
+                .map(|(s, _)| s.greedy_only())
+                .collect();
             let n_rows: usize = chunks.iter().sum();
             let decode_rows = chunks.iter().filter(|&&c| c == 1).count();
             let t0 = Instant::now();
-            let result = self.cache.forward(&inputs);
+            let result = self.cache.forward_picks(&inputs, &greedy);
             chunk_policy.observe(decode_rows, n_rows - decode_rows, ms(t0.elapsed()));
             drop(inputs);
-            let logits = match result {
+            let outputs = match result {
                 Ok(l) => l,
                 Err(e) => {
                     // A failed pass: every sequence in it fails; the cache is not trusted.
@@ -678,8 +698,8 @@ impl Engine {
                     continue;
                 }
             };
-            // Logits go to the sequences in the order they were asked for.
-            let mut outs = logits.into_iter();
+            // Outputs go to the sequences in the order they were asked for.
+            let mut outs = outputs.into_iter();
             let mut gen_now = 0u64;
             let mut prompt_now = 0u64;
             let step: Vec<(Seq<'_>, usize)> = running.drain(..).zip(chunks).collect();
@@ -690,8 +710,8 @@ impl Engine {
                     let table = s.table.as_mut().expect("admitted");
                     self.pool.commit(table, &s.all[..s.n_past]);
                     if s.n_past == s.all.len() {
-                        let l = outs.next().unwrap_or_default();
-                        if let Err(e) = s.take_logits(&l, tok) {
+                        let out = outs.next().unwrap_or(StepOut::Logits(Vec::new()));
+                        if let Err(e) = s.take_output(out, tok) {
                             Metrics::add(&self.metrics.gen_failed, 1);
                             let _ = s.job.tx.send(Out::Error(e));
                             if let Some(t) = s.table.take() {

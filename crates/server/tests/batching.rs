@@ -180,6 +180,59 @@ fn sixteen_concurrent_greedy_requests_give_their_alone_replies() {
     assert!(metric(&m, "kv_blocks_free") >= 4096.0 / 16.0);
 }
 
+/// Completion of `prompt` with extra request fields `extra`: the reply's first choice.
+fn complete_with(addr: SocketAddr, prompt: &[u32], n: usize, extra: &Value) -> Value {
+    let mut body = json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true});
+    for (k, v) in extra.as_object().expect("fields") {
+        body[k] = v.clone();
+    }
+    let raw = post(addr, "/v1/completions", &body);
+    let body = &raw[raw.find("\r\n\r\n").expect("head") + 4..];
+    let start = body.find('{').unwrap_or_else(|| panic!("no JSON in {raw}"));
+    let end = body.rfind('}').unwrap();
+    let v: Value = serde_json::from_str(&body[start..=end]).unwrap();
+    v["choices"][0].clone()
+}
+
+#[test]
+fn greedy_picks_and_logit_rows_mix_in_one_step() {
+    // Plain greedy requests take their pick from the backend's argmax; greedy requests with
+    // logprobs and sampled ones read their logits: in one batch each gets its alone reply.
+    let srv = server(8, 2048, 64);
+    let addr = srv.addr();
+    let ps: Vec<Vec<u32>> = prompts().into_iter().take(6).collect();
+    let kind = |i: usize| match i % 3 {
+        0 => json!({"temperature": 0}),
+        1 => json!({"temperature": 0, "logprobs": 2}),
+        _ => json!({"temperature": 0.9, "seed": 11 + i}),
+    };
+    let alone: Vec<Value> = (0..ps.len())
+        .map(|i| complete_with(addr, &ps[i], 8, &kind(i)))
+        .collect();
+    let threads: Vec<_> = ps
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, p)| std::thread::spawn(move || complete_with(addr, &p, 8, &kind(i))))
+        .collect();
+    let batched: Vec<Value> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        assert!(a["text"].is_string(), "request {i}: {a}");
+        assert_eq!(a["text"], b["text"], "request {i}: alone vs batched");
+        if i % 3 == 1 {
+            let n = b["logprobs"]["token_logprobs"]
+                .as_array()
+                .map_or(0, Vec::len);
+            assert!(n > 0, "request {i}: logprobs: {b}");
+            assert_eq!(a["logprobs"], b["logprobs"], "request {i}: logprobs");
+        }
+    }
+    // Greedy with logprobs picks the same tokens as plain greedy.
+    let plain = complete_with(addr, &ps[1], 8, &json!({"temperature": 0}));
+    assert_eq!(plain["text"], alone[1]["text"]);
+    wait_blocks_free(addr);
+}
+
 #[test]
 fn a_small_shared_cache_preempts_without_changing_replies() {
     // 6 sequences of ~30 prompt + 20 generated positions in 128 positions: they cannot all

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 
 use super::launch::{self, Ptr};
-use super::{GEMM_MIN_TOKENS, Gpu, call};
+use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, call};
 use crate::error::CudaError;
 use crate::layout::{self, Format, Packed};
 
@@ -85,13 +85,15 @@ pub struct DevVec {
 pub struct DevAct {
     /// Tokens (rows).
     pub n: usize,
+    /// Rows its buffers hold ([`Gpu::set_rows`] moves `n` within it).
+    pub(super) cap: usize,
     /// Width (columns).
     pub width: usize,
     pub(super) x: DevBuf,
     pub(super) q: Option<(DevBuf, DevBuf)>,
-    /// The second level of the q8 shadow (`[n_tokens, width]` int8, `[n_tokens, width / 32]`
-    /// float2: `x - d·q` quantized again), for GEMV-sized activations; written by each
-    /// two-level matmul before it reads it.
+    /// The second level of the q8 shadow (`[rows, width]` int8, `[rows, width / 32]` float2,
+    /// `rows = min(cap, MAX_GEMV_ROWS)`: `x - d·q` quantized again), for GEMV-sized passes;
+    /// written by each two-level matmul before it reads it.
     pub(super) q2: Option<(DevBuf, DevBuf)>,
     pub(super) bf: Option<DevBuf>,
     /// The q8 shadow holds the current contents (its producer wrote both).
@@ -199,7 +201,9 @@ impl Gpu {
         })
     }
 
-    /// A new activation `[n, width]`.
+    /// A new activation `[n, width]`. Its buffers serve any row count up to `n` later
+    /// ([`Gpu::set_rows`]): the bf16 copy (prompt GEMM) from [`GEMM_MIN_TOKENS`] rows, the
+    /// second q8 level for the GEMV-sized row counts.
     pub fn act(&self, n: usize, width: usize) -> Result<DevAct, CudaError> {
         i32_dim("activation elements", n * width)?;
         let q = if width.is_multiple_of(32) {
@@ -207,16 +211,21 @@ impl Gpu {
         } else {
             None
         };
-        let (q2, bf) = if n >= GEMM_MIN_TOKENS {
-            (None, Some(self.alloc(n * width * 2)?))
-        } else if q.is_some() {
-            let q2 = (self.alloc(n * width)?, self.alloc(n * width / 32 * 8)?);
-            (Some(q2), None)
+        let q2 = match q {
+            Some(_) => {
+                let r = n.min(MAX_GEMV_ROWS);
+                Some((self.alloc(r * width)?, self.alloc(r * width / 32 * 8)?))
+            }
+            None => None,
+        };
+        let bf = if n >= GEMM_MIN_TOKENS {
+            Some(self.alloc(n * width * 2)?)
         } else {
-            (None, None)
+            None
         };
         Ok(DevAct {
             n,
+            cap: n,
             width,
             x: self.alloc(n * width * 4)?,
             q,
@@ -224,6 +233,18 @@ impl Gpu {
             bf,
             q_fresh: AtomicBool::new(false),
         })
+    }
+
+    /// Makes `x` an activation of `n` rows in place (contents unspecified), keeping its
+    /// buffers and so their addresses (a captured graph that names them replays); false when
+    /// its buffers hold fewer than `n` rows.
+    pub fn set_rows(&self, x: &mut DevAct, n: usize) -> bool {
+        if n > x.cap {
+            return false;
+        }
+        x.n = n;
+        x.q_fresh.store(false, Ordering::Relaxed);
+        true
     }
 
     /// A new KV cache.

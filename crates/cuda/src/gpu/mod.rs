@@ -15,7 +15,8 @@
 //! through a small device `inputs` buffer written before the flush, so the same graph serves
 //! every decode step of a sequence. A batched pass over the shared paged pool (`paged`) adds
 //! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
-//! rows only, on the GEMVs, is graphed the same way, one graph per batch size.
+//! rows only is graphed the same way, one graph per batch size (its cuBLAS GEMMs included:
+//! cuBLAS works in a workspace of its own, so a captured GEMM allocates nothing).
 
 mod attention;
 mod buffers;
@@ -27,7 +28,7 @@ mod recorder;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
@@ -60,6 +61,13 @@ pub const SOURCE: &str = concat!(
 /// MMQ kernels on the quantized weights; shorter ones use the dp4a GEMVs.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
+/// Most rows a pass may multiply on the dp4a GEMVs ([`Gpu::set_gemv_rows`]); activations keep
+/// their second q8 level for this many rows.
+pub const MAX_GEMV_ROWS: usize = 64;
+
+/// Bytes of cuBLAS's workspace (NVIDIA's recommendation for Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
 /// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
@@ -75,6 +83,11 @@ pub struct Gpu {
     funcs: Vec<CudaFunction>,
     index: HashMap<&'static str, usize>,
     blas: CudaBlas,
+    /// cuBLAS's workspace (`BLAS_WORKSPACE` bytes), set on the handle so that a captured GEMM
+    /// allocates nothing; `None` when cuBLAS refused it.
+    blas_workspace: Option<DevBuf>,
+    /// Decode batches holding cuBLAS GEMMs are graphed ([`Gpu::set_gemm_graphs`]).
+    gemm_graphs: AtomicBool,
     rec: Mutex<Recorder>,
     graphs_enabled: AtomicBool,
     /// Prompt matmuls run the int8 MMQ kernels on the quantized weights
@@ -83,6 +96,12 @@ pub struct Gpu {
     /// Decode batches of 2..GEMM_MIN_TOKENS tokens on `gemv_batch` (one weight load per 8
     /// tokens) instead of the one-token GEMV per token (on at first; [`Gpu::set_gemv_batch`]).
     gemv_batch_enabled: AtomicBool,
+    /// Passes of up to this many rows multiply on the GEMVs, longer ones on the prompt GEMM
+    /// (`GEMM_MIN_TOKENS - 1..=MAX_GEMV_ROWS`; [`Gpu::set_gemv_rows`]).
+    gemv_rows: AtomicUsize,
+    /// Passes of up to this many rows on the prompt GEMM take the int8 MMQ kernels even when
+    /// `mmq_enabled` is off (0: none; [`Gpu::set_mmq_rows`]).
+    mmq_rows: AtomicUsize,
     /// Prompt attention on tensor cores (`DAMASCUS_CUDA_FLASH=0` turns it off).
     flash_enabled: AtomicBool,
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
@@ -224,6 +243,20 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(call("creating a stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(call("creating a cuBLAS handle"))?;
+        let blas_workspace = {
+            let ws = Self::alloc_on(&stream, BLAS_WORKSPACE)?;
+            // SAFETY: the handle is live, and `ws` (BLAS_WORKSPACE bytes on this device) lives
+            // as long as the `Gpu` that owns both; the handle's stream is never reset (that
+            // would drop the workspace setting).
+            let status = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ws.ptr.0 as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE,
+                )
+            };
+            (status == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(ws)
+        };
         let cc = ctx
             .compute_capability()
             .map_err(call("reading the compute capability"))?;
@@ -265,11 +298,15 @@ impl Gpu {
             stream,
             funcs,
             index,
+            gemm_graphs: AtomicBool::new(graphs_enabled && blas_workspace.is_some()),
             blas,
+            blas_workspace,
             rec: Mutex::new(Recorder::new(inputs)),
             graphs_enabled: AtomicBool::new(graphs_enabled),
             mmq_enabled: AtomicBool::new(mmq_enabled),
             gemv_batch_enabled: AtomicBool::new(gemv_batch_enabled),
+            gemv_rows: AtomicUsize::new(GEMM_MIN_TOKENS - 1),
+            mmq_rows: AtomicUsize::new(0),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,

@@ -4,13 +4,13 @@
 
 use std::sync::atomic::Ordering;
 
-use super::Gpu;
 use super::buffers::{DevAct, DevBuf, DevMatrix, DevVec, i32_dim};
 use super::launch::{
     Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res,
     RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
+use super::{Gpu, MAX_GEMV_ROWS};
 use crate::error::CudaError;
 use crate::layout::Format;
 
@@ -201,8 +201,14 @@ impl Gpu {
             }
             out.q_fresh.store(false, Ordering::Relaxed);
         }
-        if let Some(xbf) = &x.bf {
-            let on = self.mmq_enabled.load(Ordering::Relaxed);
+        if !self.gemv_takes(x.n) {
+            let xbf = x.bf.as_ref().ok_or_else(|| {
+                CudaError::Shape(format!(
+                    "matmul: [{}, {}] without a bf16 copy",
+                    x.n, x.width
+                ))
+            })?;
+            let on = self.mmq_takes(x.n);
             let mmq = |w: &DevMatrix| Self::mmq_kernel(w, x).filter(|_| on);
             if pairs.iter().any(|(w, _)| mmq(w).is_some()) {
                 self.ensure_q8(x)?;
@@ -309,7 +315,7 @@ impl Gpu {
                 .iter()
                 .any(|(w, _)| w.two_level && w.format != Format::F16);
         match (&x.q, &x.q2) {
-            (Some((q, ds)), Some((q2, ds2))) if want => {
+            (Some((q, ds)), Some((q2, ds2))) if want && x.n <= MAX_GEMV_ROWS => {
                 let n_blocks = x.n * x.width / 32;
                 self.push(
                     QuantizeQ8Res {

@@ -5,9 +5,8 @@
 //!
 //! One batch table per pass (`kernels/paged.cu` spells out its layout: per-row positions,
 //! slots and table offsets, the decode rows, the block tables) goes to the device with the
-//! token ids at the flush, so a pass of decode rows only (on the GEMVs, or on MMQ when it is
-//! on) replays as a graph from its second step at that batch size, as a lone sequence's step
-//! does; other batched passes run eager.
+//! token ids at the flush, so a pass of decode rows only replays as a graph from its second
+//! step at that batch size, as a lone sequence's step does; other batched passes run eager.
 //! Decode rows (sequences with one row in the pass) run the split-K decode kernel, each with
 //! the split length it would have alone; prompt chunks run the flash kernel (or the CUDA-core
 //! one when flash is off) once per chunk. Only the address of a cached position differs from a
@@ -16,6 +15,7 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
+use super::Gpu;
 use super::attention::{ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, decode_chunk, flash_smem};
 use super::buffers::{DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
@@ -24,7 +24,6 @@ use super::launch::{
 };
 use super::ops::div_ceil_u32;
 use super::recorder::Op;
-use super::{GEMM_MIN_TOKENS, Gpu};
 use crate::error::CudaError;
 
 /// One sequence of a batched pass.
@@ -203,14 +202,16 @@ impl Gpu {
             .map_err(|_| shape_err(format!("window {}", params.window)))?;
         let scale = params.scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let bt = batch_table(seqs, n, block_size, kv.n_ctx)?;
-        // A pass of decode rows only is graphed (see the recorder; unless a cuBLAS GEMM runs
-        // in it) when its matmuls stay off cuBLAS: the GEMVs, or MMQ when it is on. It takes
+        // A pass of decode rows only is graphed (see the recorder) when its matmuls are
+        // graphable: the GEMVs, MMQ, or cuBLAS with `gemm_graphs`. It takes
         // the splits of the deepest position the pool holds, so its launches do not change
         // with the depth, if those partials stay under `GRAPH_PARTIALS`; other passes take
         // what their rows need.
         let bound = decode_splits_bound(kv.n_ctx).max(bt.max_splits);
         let graphed = bt.n_dec == n
-            && (n < GEMM_MIN_TOKENS || self.mmq_enabled.load(Ordering::Relaxed))
+            && (self.gemv_takes(n)
+                || self.mmq_takes(n)
+                || self.gemm_graphs.load(Ordering::Relaxed))
             && n * n_head * bound * (hd * 4 + 8) <= GRAPH_PARTIALS;
         let n_split = if graphed { bound } else { bt.max_splits };
         if n_split > 65535 || bt.n_dec > 65535 {

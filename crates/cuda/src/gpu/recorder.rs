@@ -1,6 +1,6 @@
 //! The op recorder: ops recorded per forward pass, run at a flush either one by one, under
-//! the profiler, or (a one-token pass, or a batch of decode rows on the GEMVs, flushed whole)
-//! as a cached CUDA graph.
+//! the profiler, or (a one-token pass, or a batch of decode rows, flushed whole) as a cached
+//! CUDA graph.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -13,7 +13,7 @@ use cudarc::driver::{CudaGraph, result, sys};
 use super::buffers::{DevAct, DevBuf};
 use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr};
 use super::profile::Profile;
-use super::{Gpu, MAX_GRAPHS, call};
+use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, MAX_GRAPHS, call};
 use crate::error::CudaError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -65,8 +65,8 @@ pub(super) struct Recorder {
     /// Device copy of `batch_host` (grown on demand).
     pub(super) batch: Option<DevBuf>,
     /// This pass is a batch of decode rows only: its launches repeat step after step while the
-    /// batch keeps its size, so it is graphed like a one-token pass when it holds no cuBLAS
-    /// GEMM (set by `paged`).
+    /// batch keeps its size, so it is graphed like a one-token pass (with its cuBLAS GEMMs
+    /// where `gemm_graphs` allows; set by `paged`).
     pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
@@ -147,9 +147,49 @@ impl Gpu {
         self.graphs_enabled.store(on, Ordering::Relaxed);
     }
 
+    /// Turns graphs of decode batches that multiply on cuBLAS on or off (on at first where
+    /// cuBLAS took a workspace of its own when the device opened; a capture that fails turns
+    /// them off for good).
+    pub fn set_gemm_graphs(&self, on: bool) {
+        self.gemm_graphs
+            .store(on && self.blas_workspace.is_some(), Ordering::Relaxed);
+    }
+
+    /// Whether decode batches on cuBLAS are graphed (see [`Gpu::set_gemm_graphs`]).
+    pub fn gemm_graphs(&self) -> bool {
+        self.gemm_graphs.load(Ordering::Relaxed)
+    }
+
     /// Turns the int8 MMQ prompt matmuls on or off (off at first).
     pub fn set_mmq(&self, on: bool) {
         self.mmq_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Passes of up to `rows` rows multiply on the dp4a GEMVs (the batched GEMV from two rows:
+    /// every row gets the bits of its own one-row pass), longer ones on the prompt GEMM
+    /// (cuBLAS bf16, or MMQ). Clamped to `GEMM_MIN_TOKENS - 1..=MAX_GEMV_ROWS`; the default
+    /// is `GEMM_MIN_TOKENS - 1`. Set it before allocating activations for longer passes.
+    pub fn set_gemv_rows(&self, rows: usize) {
+        let rows = rows.clamp(GEMM_MIN_TOKENS - 1, MAX_GEMV_ROWS);
+        self.gemv_rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Passes of `GEMM_MIN_TOKENS..=rows` rows that reach the prompt GEMM take the int8 MMQ
+    /// kernels on the quantized weights (where the format has one) even with MMQ off for
+    /// prompts: decode batches then read the 4-bit weights instead of their bf16 copy and
+    /// stay graphable. 0 (the default): none.
+    pub fn set_mmq_rows(&self, rows: usize) {
+        self.mmq_rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Whether a pass of `n` rows multiplies on the GEMVs.
+    pub(super) fn gemv_takes(&self, n: usize) -> bool {
+        n <= self.gemv_rows.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pass of `n` rows on the prompt GEMM takes MMQ (where the format has it).
+    pub(super) fn mmq_takes(&self, n: usize) -> bool {
+        self.mmq_enabled.load(Ordering::Relaxed) || n <= self.mmq_rows.load(Ordering::Relaxed)
     }
 
     /// Turns the decode-batch GEMV (`gemv_batch`, one weight load per 8 tokens) on or off
@@ -204,11 +244,15 @@ impl Gpu {
             return Ok(());
         }
         let ops = std::mem::take(&mut r.ops);
+        let has_gemm = ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
+        // A decode batch on cuBLAS is graphed too where cuBLAS has its own workspace (it then
+        // allocates nothing while captured) and no capture of one has failed.
+        let gemm_ok = r.decode_batch && self.gemm_graphs.load(Ordering::Relaxed);
         let graphable = self.graphs_enabled.load(Ordering::Relaxed)
             && last
             && !r.flushed_mid
             && (r.n_tokens == 1 || r.decode_batch)
-            && !ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
+            && (!has_gemm || gemm_ok);
         if !last {
             r.flushed_mid = true;
         }
@@ -225,7 +269,16 @@ impl Gpu {
             if r.graphs.len() >= MAX_GRAPHS {
                 r.graphs.clear();
             }
-            let g = self.capture(&ops)?;
+            let g = match self.capture(&ops) {
+                Ok(g) => g,
+                Err(e) if has_gemm => {
+                    // cuBLAS would not be captured: such passes run eager from now on.
+                    self.gemm_graphs.store(false, Ordering::Relaxed);
+                    eprintln!("damascus: decode batches on cuBLAS run without graphs ({e})");
+                    return ops.iter().try_for_each(|o| self.run_op(o));
+                }
+                Err(e) => return Err(e),
+            };
             r.graphs.insert(key, Graph(g));
         }
         r.graphs[&key]

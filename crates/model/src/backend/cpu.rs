@@ -523,6 +523,10 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn set_rows(&self, x: &mut HostAct, n_tokens: usize) -> Result<bool, ModelError> {
+        host_ops::set_rows(x, n_tokens)
+    }
+
     fn new_kv_cache(&self, shape: KvShape) -> Result<CpuKvCache, ModelError> {
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
         // Zeroed allocations are lazily backed by the OS: only touched pages cost memory.

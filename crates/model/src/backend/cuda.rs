@@ -68,9 +68,16 @@ impl CudaBackend {
         let gpu = Gpu::open_with(ordinal, settings.cuda_profile)?;
         gpu.set_two_level_qkv(settings.two_level_qkv);
         gpu.set_graphs(settings.cuda_graphs && !settings.cuda_profile);
+        gpu.set_gemm_graphs(
+            settings.cuda_graphs && settings.cuda_graph_gemm && !settings.cuda_profile,
+        );
         gpu.set_mmq(settings.cuda_mmq);
         gpu.set_flash(settings.cuda_flash);
         gpu.set_gemv_batch(settings.cuda_gemv_batch);
+        if let Some(rows) = settings.cuda_gemv_rows {
+            gpu.set_gemv_rows(rows);
+        }
+        gpu.set_mmq_rows(settings.cuda_mmq_rows.unwrap_or(0));
         Ok(Self {
             two_level_all: settings.two_level_all,
             gpu,
@@ -169,6 +176,10 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, n_tokens: usize, width: usize) -> Result<DevAct, ModelError> {
         Ok(self.gpu.act(n_tokens, width)?)
+    }
+
+    fn set_rows(&self, x: &mut DevAct, n_tokens: usize) -> Result<bool, ModelError> {
+        Ok(self.gpu.set_rows(x, n_tokens))
     }
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<CudaKvCache, ModelError> {

@@ -245,6 +245,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Allocates an activation buffer `[n_tokens, width]` (contents unspecified).
     fn alloc(&self, n_tokens: usize, width: usize) -> Result<Self::Act, ModelError>;
 
+    /// Makes `x` (from [`Backend::alloc`], `width` unchanged) an activation of `n_tokens` rows
+    /// in place, reusing its storage (contents unspecified), so a caller can keep one set of
+    /// buffers for passes of varying size: no allocation per pass, and device addresses that
+    /// stay put (a captured graph replays). `Ok(false)` when `x` cannot hold `n_tokens` rows
+    /// (the caller allocates anew). Default: `Ok(false)`.
+    fn set_rows(&self, x: &mut Self::Act, n_tokens: usize) -> Result<bool, ModelError> {
+        let _ = (x, n_tokens);
+        Ok(false)
+    }
+
     /// Allocates a KV cache for `shape.n_ctx` positions of every layer.
     fn new_kv_cache(&self, shape: KvShape) -> Result<Self::KvCache, ModelError>;
 

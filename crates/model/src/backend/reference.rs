@@ -84,6 +84,18 @@ pub(super) mod host_ops {
         Ok(())
     }
 
+    /// `x` as `[n_tokens, width]` in place (the vector keeps its capacity; new rows zero).
+    pub fn set_rows(x: &mut HostAct, n_tokens: usize) -> Result<bool, ModelError> {
+        let len = n_tokens
+            .checked_mul(x.width)
+            .ok_or_else(|| ModelError::Tensor {
+                what: format!("set_rows: {n_tokens} rows of {}", x.width),
+            })?;
+        x.data.resize(len, 0.0);
+        x.n_tokens = n_tokens;
+        Ok(true)
+    }
+
     /// Rotary embedding in place — x [n_tokens, n_head * head_dim] f32, positions pos0.. .
     pub fn rope(
         x: &mut HostAct,
@@ -217,6 +229,10 @@ impl Backend for ReferenceBackend {
             width,
             data: vec![0.0; n_tokens * width],
         })
+    }
+
+    fn set_rows(&self, x: &mut HostAct, n_tokens: usize) -> Result<bool, ModelError> {
+        host_ops::set_rows(x, n_tokens)
     }
 
     fn default_cache_type(&self) -> KvCacheType {

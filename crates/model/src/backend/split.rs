@@ -215,6 +215,14 @@ impl<A: Backend, B: Backend> Backend for Split<A, B> {
         })
     }
 
+    fn set_rows(&self, x: &mut Self::Act, n_tokens: usize) -> Result<bool, ModelError> {
+        // Both sides or neither: a side left at the old size would mismatch its next op.
+        let ok = self.a.set_rows(own(&mut x.a), n_tokens)?
+            && self.b.set_rows(own(&mut x.b), n_tokens)?;
+        x.valid.store(0, Ordering::Release);
+        Ok(ok)
+    }
+
     fn new_kv_cache(&self, shape: KvShape) -> Result<Self::KvCache, ModelError> {
         let first_b = self.first_b.min(shape.n_layer);
         let n_b = shape.n_layer - first_b;
