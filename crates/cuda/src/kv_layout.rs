@@ -90,8 +90,8 @@ mod tests {
     fn widen_reads_quants_times_their_block_scale() {
         // Two rows of 32: scales 0.5 and 2.0 (f16 0x3800, 0x4000).
         let mut region = vec![0u8; kv_head_bytes(KvElem::Q8_0, 2, 32)];
-        for e in 0..64 {
-            region[e] = (e as i8 - 32) as u8;
+        for (e, b) in region[..64].iter_mut().enumerate() {
+            *b = (e as i8 - 32) as u8;
         }
         region[64..68].copy_from_slice(&[0x00, 0x38, 0x00, 0x40]);
         let w = widen_head(KvElem::Q8_0, &region, 2, 32);

@@ -279,13 +279,13 @@ fn rope_on_the_way_in_matches_a_host_rotation_within_a_quant_step() {
             for h in 0..n_kv {
                 let src = &k[(t * n_kv + h) * hd..(t * n_kv + h + 1) * hd];
                 let mut rot = src.to_vec();
-                for i in 0..half {
+                for (i, &f) in inv.iter().enumerate() {
                     let (a, b) = if neox {
                         (i, i + half)
                     } else {
                         (2 * i, 2 * i + 1)
                     };
-                    let th = p as f64 * f64::from(inv[i]);
+                    let th = p as f64 * f64::from(f);
                     let (sn, cs) = (th.sin() as f32, th.cos() as f32);
                     rot[a] = src[a] * cs - src[b] * sn;
                     rot[b] = src[a] * sn + src[b] * cs;

@@ -1,7 +1,10 @@
-//! RoPE and attention over the f16 KV cache: the fused RoPE + cache write, decode attention
-//! split over the KV length (positions per split chosen by depth) with a combine step, and
-//! prompt attention, on tensor cores (`attn_flash_*`, `kernels/flash.cu`) or on CUDA cores
-//! (`attn_prefill_*`, the fallback when the flash path is off).
+//! RoPE and attention over the KV cache (f16, or q8_0: [`crate::KvElem`]): the fused RoPE +
+//! cache write (`rope_kv`; `rope_kv_q8` quantizes each 32-value block of a head's row as the
+//! CPU's `quantize_q8_0` does), decode attention split over the KV length (positions per split
+//! chosen by depth) with a combine step, and prompt attention, on tensor cores (`attn_flash_*`,
+//! `kernels/flash.cu`) or on CUDA cores (`attn_prefill_*`, the fallback when the flash path is
+//! off). Every cache-reading kernel has an f16 and a q8_0 (`_q8`) instantiation of one device
+//! function, reading rows through the kernels' `kv_load`.
 
 use std::sync::atomic::Ordering;
 

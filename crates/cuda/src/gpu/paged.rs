@@ -1,6 +1,6 @@
 //! Batched passes over a shared paged KV pool (the server's continuous batching): the layer
-//! caches of a [`DevKv`] are the pool (`[n_kv][n_ctx][head_dim]` f16 per layer, its `n_ctx`
-//! slots cut into blocks of `block_size`), every sequence of the pass has its own positions
+//! caches of a [`DevKv`] are the pool (`n_kv` head regions of `n_ctx` rows per layer, f16 or
+//! q8_0, its `n_ctx` slots cut into blocks of `block_size`), every sequence of the pass has its own positions
 //! and block table, and every row attends over its own sequence's slots.
 //!
 //! One batch table per pass (`kernels/paged.cu` spells out its layout: per-row positions,
