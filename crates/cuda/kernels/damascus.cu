@@ -822,9 +822,10 @@ INSTANTIATE(q6k, FMT_Q6K)
 INSTANTIATE(f16, FMT_F16)
 
 // ---------------------------------------------------------------------------------------
-// Attention over the head-major cache (f16 or q8_0: KV, read through `kv_load`). Scores are scaled by `scale` (1/sqrt(head_dim)
-// unless the model overrides it). A query head h reads KV head h / group. `window` > 0 is a
-// sliding window: a query at position p sees keys p - window + 1..=p only.
+// Attention over the head-major cache (f16 or q8_0, the template parameter KV; rows read
+// through `kv_load`). Scores are scaled by `scale` (1/sqrt(head_dim) unless the model
+// overrides it). A query head h reads KV head h / group. `window` > 0 is a sliding window: a
+// query at position p sees keys p - window + 1..=p only.
 
 #define ATT_CHUNK_MIN 32   // decode split positions: a multiple of this (one per lane)
 #define ATT_CHUNK_MAX 256  // and at most this
