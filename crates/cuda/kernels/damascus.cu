@@ -15,7 +15,9 @@
 //     FMT_Q50  plane0 qs[16]          plane1 qh (u32)      plane2 d (f16)
 //     FMT_Q6K  plane0 ql[128] qh[64]  plane1 scales[16] i8 plane2 d (f16)
 //     FMT_F16  plane0 [rows, cols] f16 (every other type, dequantized on the host)
-// * The KV cache is f16, head-major: [layer][n_head_kv][n_ctx][head_dim].
+// * The KV cache is head-major, [layer][n_head_kv] regions of n_ctx rows of head_dim values,
+//   f16 (KV_F16) or q8_0 (KV_Q8: the head's i8 quants [n_ctx][head_dim], then its f16 scales
+//   [n_ctx][head_dim / 32], the region padded to 16 bytes); see `kv_head_bytes`.
 // * `inputs` is a small device buffer the host writes before each forward pass:
 //   inputs[0] = pos0 (position of token 0), inputs[1 + t] = token id of token t. Kernels read
 //   positions from it, so a captured decode graph replays unchanged at every position.
@@ -290,6 +292,60 @@ extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16
     u32 p = inputs[0] + t;
     rope_kv_pair(q, k, v, kc, vc, inv_freq, t, h, i, p, p, n_head, n_kv, head_dim, half, neox,
                  n_ctx);
+}
+
+// ---------------------------------------------------------------------------------------
+// KV cache element types (the cache write into a q8_0 cache is in kv_quant.cu).
+
+#define KV_F16 0
+#define KV_Q8 1
+
+// Bytes of one KV head's region in a layer of the cache (n_ctx rows of d values): f16 two
+// bytes a value; q8_0 the quants [n_ctx][d] i8 then the scales [n_ctx][d / 32] f16, padded to
+// 16 bytes (so every head's quants start 16-byte aligned). The host's `kv_head_bytes` twin.
+template <int KV>
+__device__ __forceinline__ u64 kv_head_bytes(int n_ctx, int d) {
+    if (KV == KV_F16) return (u64)n_ctx * d * 2;
+    return ((u64)n_ctx * (d + d / 16) + 15) & ~(u64)15;
+}
+
+// Values i..i+N (N = 1, 2 or 8; i % N == 0) of row `slot` of one KV head's region `head`
+// (`kv_head_bytes` bytes, n_ctx rows of D values) widened to f32: the one place the attention
+// kernels read the cache. q8_0 widens q * d exactly (an i8 times an f16 fits an f32).
+template <int KV, int D, int N>
+__device__ __forceinline__ void kv_load(const u8* head, int n_ctx, u32 slot, int i, float* out) {
+    if (KV == KV_F16) {
+        const u16* r = (const u16*)head + (u64)slot * D + i;
+        if (N == 8) {
+            uint4 w = *(const uint4*)r;
+            u32 kw[4] = {w.x, w.y, w.z, w.w};
+            _Pragma("unroll") for (int j = 0; j < 4; j++) {
+                out[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
+                out[2 * j + 1] = h2f((u16)(kw[j] >> 16));
+            }
+        } else if (N == 2) {
+            u32 w = *(const u32*)r;
+            out[0] = h2f((u16)(w & 0xFFFF));
+            out[1] = h2f((u16)(w >> 16));
+        } else {
+            out[0] = h2f(*r);
+        }
+    } else {
+        const i8* r = (const i8*)head + (u64)slot * D + i;
+        float d = h2f(*((const u16*)(head + (u64)n_ctx * D) + (u64)slot * (D / 32) + i / 32));
+        if (N == 8) {
+            uint2 w = *(const uint2*)r;
+            u32 kw[2] = {w.x, w.y};
+            _Pragma("unroll") for (int j = 0; j < 8; j++)
+                out[j] = (float)(i8)((kw[j >> 2] >> (8 * (j & 3))) & 0xFF) * d;
+        } else if (N == 2) {
+            u32 w = *(const u16*)r;
+            out[0] = (float)(i8)(w & 0xFF) * d;
+            out[1] = (float)(i8)(w >> 8) * d;
+        } else {
+            out[0] = (float)*r * d;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -657,9 +713,10 @@ INSTANTIATE(q6k, FMT_Q6K)
 INSTANTIATE(f16, FMT_F16)
 
 // ---------------------------------------------------------------------------------------
-// Attention over the f16 head-major cache. Scores are scaled by `scale` (1/sqrt(head_dim)
-// unless the model overrides it). A query head h reads KV head h / group. `window` > 0 is a
-// sliding window: a query at position p sees keys p - window + 1..=p only.
+// Attention over the head-major cache (f16 or q8_0, the template parameter KV; rows read
+// through `kv_load`). Scores are scaled by `scale` (1/sqrt(head_dim) unless the model
+// overrides it). A query head h reads KV head h / group. `window` > 0 is a sliding window: a
+// query at position p sees keys p - window + 1..=p only.
 
 #define ATT_CHUNK_MIN 32   // decode split positions: a multiple of this (one per lane)
 #define ATT_CHUNK_MAX 256  // and at most this
@@ -688,18 +745,14 @@ __device__ __forceinline__ int att_chunk(int n_pos) {
     return min(max(c, ATT_CHUNK_MIN), ATT_CHUNK_MAX);
 }
 
-// s[g] += q_g · k for every query head g of a group: k one f16 key row, q [G][D] in shared
-// memory (already scaled).
-template <int D, int G>
-__device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], float* s) {
+// s[g] += q_g · k for every query head g of a group: k the key row `slot` of a KV head's
+// region kb, q [G][D] in shared memory (already scaled).
+template <int KV, int D, int G>
+__device__ __forceinline__ void key_scores(const u8* kb, int n_ctx, u32 slot,
+                                           const float (*qs)[D], float* s) {
     for (int i = 0; i < D; i += 8) {
-        uint4 kv = *(const uint4*)(kr + i);
-        u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
         float kf[8];
-        for (int j = 0; j < 4; j++) {
-            kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
-            kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
-        }
+        kv_load<KV, D, 8>(kb, n_ctx, slot, i, kf);
         _Pragma("unroll") for (int g = 0; g < G; g++)
             for (int j = 0; j < 8; j++) s[g] += qs[g][i + j] * kf[j];
     }
@@ -715,8 +768,8 @@ __device__ __forceinline__ void key_scores(const u16* kr, const float (*qs)[D], 
 // position groups of 2 * ATT_THREADS / D threads summed in a fixed order through shared memory
 // (deterministic: a graph replay gives the eager launch's bits).
 // part_o [n_head][n_split][D], part_ml [n_head][n_split] float2.
-template <int D, int G, bool PAGED>
-__device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u32* inputs,
+template <int D, int G, bool PAGED, int KV>
+__device__ void attn_split(const float* q, const u8* kc, const u8* vc, const u32* inputs,
                            float* part_o, float2* part_ml, int n_head, int n_ctx, int n_split,
                            int chunk, float scale, int window, float* sm, const u32* table,
                            int bs) {
@@ -737,23 +790,18 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
     float(*po)[G][D] = (float(*)[G][D])(sm + G * (D + ATT_CHUNK_MAX));  // [NPG][G][D]
     for (int i = tid; i < G * D; i += ATT_THREADS) qs[i / D][i % D] = q[kvh * G * D + i] * scale;
     __syncthreads();
-    const u16* kb = kc + (u64)kvh * n_ctx * D;
-    const u16* vb = vc + (u64)kvh * n_ctx * D;
+    const u8* kb = kc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
+    const u8* vb = vc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
     int pl = tid / TPP, part = tid % TPP;
     for (int c = 0; c < n_here; c += PPI) {
         int pp = c + pl;
         float s[G];
         _Pragma("unroll") for (int g = 0; g < G; g++) s[g] = 0.0f;
         if (pp < n_here) {
-            const u16* kr = kb + (u64)kv_slot<PAGED>(p0 + pp, table, bs) * D + part * DPT;
+            u32 ks = kv_slot<PAGED>(p0 + pp, table, bs);
             _Pragma("unroll") for (int i = 0; i < DPT; i += 8) {
-                uint4 kv = *(const uint4*)(kr + i);
-                u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
                 float kf[8];
-                _Pragma("unroll") for (int j = 0; j < 4; j++) {
-                    kf[2 * j] = h2f((u16)(kw[j] & 0xFFFF));
-                    kf[2 * j + 1] = h2f((u16)(kw[j] >> 16));
-                }
+                kv_load<KV, D, 8>(kb, n_ctx, ks, part * DPT + i, kf);
                 _Pragma("unroll") for (int g = 0; g < G; g++)
                     _Pragma("unroll") for (int j = 0; j < 8; j++)
                         s[g] += qs[g][part * DPT + i + j] * kf[j];
@@ -784,8 +832,9 @@ __device__ void attn_split(const float* q, const u16* kc, const u16* vc, const u
     float o0[G], o1[G];
     _Pragma("unroll") for (int g = 0; g < G; g++) o0[g] = o1[g] = 0.0f;
     _Pragma("unroll 4") for (int p = skip + pg; pg < NPG && p < n_here; p += NPG) {
-        u32 vw = *(const u32*)(vb + (u64)kv_slot<PAGED>(p0 + p, table, bs) * D + d);
-        float v0 = h2f((u16)(vw & 0xFFFF)), v1 = h2f((u16)(vw >> 16));
+        float vv[2];
+        kv_load<KV, D, 2>(vb, n_ctx, kv_slot<PAGED>(p0 + p, table, bs), d, vv);
+        float v0 = vv[0], v1 = vv[1];
         _Pragma("unroll") for (int g = 0; g < G; g++) {
             float e = sc[g][p];
             o0[g] += e * v0;
@@ -839,8 +888,8 @@ __device__ void attn_combine(const float* part_o, const float2* part_ml, const u
 // chunks (lane per position for the scores, lane per dims for the values). Token t sits at
 // position inputs[0] + t and sees positions att_lo..=that. q [n_tok, n_head, D], out
 // likewise; 4 warps per block.
-template <int D, int G, bool PAGED>
-__device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const u32* inputs,
+template <int D, int G, bool PAGED, int KV>
+__device__ void attn_prefill(const float* q, const u8* kc, const u8* vc, const u32* inputs,
                              float* out, int n_tok, int n_head, int n_ctx, float scale,
                              int window, float* sm, const u32* table, int bs) {
     const int group = G;
@@ -857,8 +906,8 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
     int n_pos = inputs[0] + t + 1;
     bool lane_ok = lane < D;
     int lo = att_lo(n_pos - 1, window);
-    const u16* kb = kc + (u64)kvh * n_ctx * D;
-    const u16* vb = vc + (u64)kvh * n_ctx * D;
+    const u8* kb = kc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
+    const u8* vb = vc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
     float m[G], l[G], o[G][PER];
     _Pragma("unroll") for (int g = 0; g < group; g++) {
         m[g] = -INFINITY;
@@ -871,7 +920,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
         float s[G];
         _Pragma("unroll") for (int g = 0; g < group; g++) s[g] = 0.0f;
         if (ok) {
-            key_scores<D, G>(kb + (u64)kv_slot<PAGED>(p, table, bs) * D, qs, s);
+            key_scores<KV, D, G>(kb, n_ctx, kv_slot<PAGED>(p, table, bs), qs, s);
         }
         int n_here = min(32, n_pos - p0);
         _Pragma("unroll") for (int g = 0; g < group; g++) {
@@ -886,9 +935,13 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
             for (int j = 0; j < n_here; j++) {
                 float ej = __shfl_sync(FULL, e, j);
                 if (ej == 0.0f) continue;
-                const u16* vr = vb + (u64)kv_slot<PAGED>(p0 + j, table, bs) * D;
+                u32 vs = kv_slot<PAGED>(p0 + j, table, bs);
                 if (lane_ok)
-                    for (int i = 0; i < PER; i++) o[g][i] += ej * h2f(vr[lane + 32 * i]);
+                    for (int i = 0; i < PER; i++) {
+                        float vf;
+                        kv_load<KV, D, 1>(vb, n_ctx, vs, lane + 32 * i, &vf);
+                        o[g][i] += ej * vf;
+                    }
             }
         }
     }
@@ -898,69 +951,70 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
             for (int i = 0; i < PER; i++) ot[g * D + lane + 32 * i] = o[g][i] / l[g];
 }
 
-#define ATT_GROUPS(CALL)                                                                       \
+#define ATT_GROUPS(CALL, ...)                                                                  \
     switch (group) {                                                                           \
-        case 1: CALL(1); break;                                                                \
-        case 2: CALL(2); break;                                                                \
-        case 3: CALL(3); break;                                                                \
-        case 4: CALL(4); break;                                                                \
-        case 5: CALL(5); break;                                                                \
-        case 6: CALL(6); break;                                                                \
-        case 7: CALL(7); break;                                                                \
-        default: CALL(8); break;                                                               \
+        case 1: CALL(1, __VA_ARGS__); break;                                                   \
+        case 2: CALL(2, __VA_ARGS__); break;                                                   \
+        case 3: CALL(3, __VA_ARGS__); break;                                                   \
+        case 4: CALL(4, __VA_ARGS__); break;                                                   \
+        case 5: CALL(5, __VA_ARGS__); break;                                                   \
+        case 6: CALL(6, __VA_ARGS__); break;                                                   \
+        case 7: CALL(7, __VA_ARGS__); break;                                                   \
+        default: CALL(8, __VA_ARGS__); break;                                                  \
     }
+#define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm, table, bs
+#define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm, table, bs
+#define SPLIT_G(G, D, PAGED, KV) attn_split<D, G, PAGED, KV>(SPLIT_ARGS)
+#define PREFILL_G(G, D, PAGED, KV) attn_prefill<D, G, PAGED, KV>(PREFILL_ARGS)
 
 // `group` (1..=MAX_GROUP, checked on the host) picks the instantiation. Shared memory is
 // declared once per kernel, sized for MAX_GROUP (each instantiation's own arrays would add up).
-// The paged twins (over the server's shared pool) are in paged.cu.
-#define INSTANTIATE_ATTN(D)                                                                    \
-    extern "C" __global__ void attn_split_##D(const float* q, const u16* kc, const u16* vc,    \
-                                              const u32* inputs, float* part_o,                \
-                                              float2* part_ml, int n_head, int group,          \
-                                              int n_ctx, int n_split, int chunk, float scale,  \
-                                              int window) {                                    \
+// The paged twins (over the server's shared pool) are in paged.cu. SUF names the cache's
+// element type: none for f16, `_q8` for q8_0 (head sizes multiple of 32 only).
+#define INSTANTIATE_ATTN(D, SUF, KV)                                                           \
+    extern "C" __global__ void attn_split_##D##SUF(const float* q, const u8* kc, const u8* vc, \
+                                                   const u32* inputs, float* part_o,           \
+                                                   float2* part_ml, int n_head, int group,     \
+                                                   int n_ctx, int n_split, int chunk,          \
+                                                   float scale, int window) {                  \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         const u32* table = nullptr;                                                            \
         int bs = 1;                                                                            \
-        ATT_GROUPS(SPLIT_##D)                                                                  \
+        ATT_GROUPS(SPLIT_G, D, false, KV)                                                      \
     }                                                                                          \
+    extern "C" __global__ void attn_prefill_##D##SUF(                                          \
+        const float* q, const u8* kc, const u8* vc, const u32* inputs, float* out, int n_tok,  \
+        int n_head, int group, int n_ctx, float scale, int window) {                           \
+        __shared__ float sm[4 * MAX_GROUP * D];                                                \
+        const u32* table = nullptr;                                                            \
+        int bs = 1;                                                                            \
+        ATT_GROUPS(PREFILL_G, D, false, KV)                                                    \
+    }
+#define INSTANTIATE_COMBINE(D)                                                                 \
     extern "C" __global__ void attn_combine_##D(const float* part_o, const float2* part_ml,    \
                                                 const u32* inputs, float* out, i8* q,          \
                                                 float2* ds, int n_split, int chunk, int do_q,  \
                                                 int window) {                                  \
         attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, chunk, do_q, window);    \
-    }                                                                                          \
-    extern "C" __global__ void attn_prefill_##D(const float* q, const u16* kc, const u16* vc,  \
-                                                const u32* inputs, float* out, int n_tok,      \
-                                                int n_head, int group, int n_ctx,              \
-                                                float scale, int window) {                     \
-        __shared__ float sm[4 * MAX_GROUP * D];                                                \
-        const u32* table = nullptr;                                                            \
-        int bs = 1;                                                                            \
-        ATT_GROUPS(PREFILL_##D)                                                                \
     }
 
-#define SPLIT_ARGS q, kc, vc, inputs, part_o, part_ml, n_head, n_ctx, n_split, chunk, scale, window, sm, table, bs
-#define PREFILL_ARGS q, kc, vc, inputs, out, n_tok, n_head, n_ctx, scale, window, sm, table, bs
-#define SPLIT_16(G) attn_split<16, G, false>(SPLIT_ARGS)
-#define SPLIT_32(G) attn_split<32, G, false>(SPLIT_ARGS)
-#define SPLIT_96(G) attn_split<96, G, false>(SPLIT_ARGS)
-#define SPLIT_64(G) attn_split<64, G, false>(SPLIT_ARGS)
-#define SPLIT_128(G) attn_split<128, G, false>(SPLIT_ARGS)
-#define SPLIT_256(G) attn_split<256, G, false>(SPLIT_ARGS)
-#define PREFILL_16(G) attn_prefill<16, G, false>(PREFILL_ARGS)
-#define PREFILL_32(G) attn_prefill<32, G, false>(PREFILL_ARGS)
-#define PREFILL_96(G) attn_prefill<96, G, false>(PREFILL_ARGS)
-#define PREFILL_64(G) attn_prefill<64, G, false>(PREFILL_ARGS)
-#define PREFILL_128(G) attn_prefill<128, G, false>(PREFILL_ARGS)
-#define PREFILL_256(G) attn_prefill<256, G, false>(PREFILL_ARGS)
-
-INSTANTIATE_ATTN(16)
-INSTANTIATE_ATTN(32)
-INSTANTIATE_ATTN(64)
-INSTANTIATE_ATTN(96)
-INSTANTIATE_ATTN(128)
-INSTANTIATE_ATTN(256)
+INSTANTIATE_ATTN(16, , KV_F16)
+INSTANTIATE_ATTN(32, , KV_F16)
+INSTANTIATE_ATTN(64, , KV_F16)
+INSTANTIATE_ATTN(96, , KV_F16)
+INSTANTIATE_ATTN(128, , KV_F16)
+INSTANTIATE_ATTN(256, , KV_F16)
+INSTANTIATE_ATTN(32, _q8, KV_Q8)
+INSTANTIATE_ATTN(64, _q8, KV_Q8)
+INSTANTIATE_ATTN(96, _q8, KV_Q8)
+INSTANTIATE_ATTN(128, _q8, KV_Q8)
+INSTANTIATE_ATTN(256, _q8, KV_Q8)
+INSTANTIATE_COMBINE(16)
+INSTANTIATE_COMBINE(32)
+INSTANTIATE_COMBINE(64)
+INSTANTIATE_COMBINE(96)
+INSTANTIATE_COMBINE(128)
+INSTANTIATE_COMBINE(256)
 
 // ---------------------------------------------------------------------------------------
 // Greedy pick on the device.

@@ -13,7 +13,8 @@
 // with ldmatrix.trans. Dynamic shared memory: Q [FA_ROWS][D + 8], and two buffers of K and V
 // [BK][D + 8] f16 (rows padded by 16 bytes: conflict-free fragment loads), the next tile
 // streaming in with cp.async while this one is computed. The heaviest (last) row tiles run
-// first.
+// first. A q8_0 cache (KV_Q8) is widened to f16 on its way into shared memory (through
+// registers, `kv_load`: q * d rounded once to f16), the rest unchanged.
 
 #define FA_WARPS 4
 #define FA_ROWS (16 * FA_WARPS)
@@ -58,8 +59,8 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // PAGED: keys and values of position p sit in slot kv_slot(p, table, bs) of the shared pool.
-template <int D, int BK, bool PAGED>
-__device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const u16* vc,
+template <int D, int BK, bool PAGED, int KV>
+__device__ __forceinline__ void attn_flash(const float* q, const u8* kc, const u8* vc,
                                            const u32* inputs, float* out, int n_tok,
                                            int n_head, int group, int n_ctx, float scale,
                                            int window, const u32* table, int bs) {
@@ -105,8 +106,8 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
     int p_hi = pos0 + b_last / group;
     int p_lo = att_lo(pos0 + R0 / group, window);
 
-    const u16* kb = kc + (u64)kvh * n_ctx * D;
-    const u16* vb = vc + (u64)kvh * n_ctx * D;
+    const u8* kb = kc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
+    const u8* vb = vc + (u64)kvh * kv_head_bytes<KV>(n_ctx, D);
     float o[NT][4];
     _Pragma("unroll") for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -119,9 +120,27 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
             int r = i / (D / 8), c = (i % (D / 8)) * 8;
             int p = kt0 + r;
             bool ok = p <= p_hi;
-            u64 off = (u64)(ok ? kv_slot<PAGED>(p, table, bs) : 0) * D + c;
-            cp_async16(dk + r * S + c, kb + off, ok);
-            cp_async16(dv + r * S + c, vb + off, ok);
+            u32 slot = ok ? kv_slot<PAGED>(p, table, bs) : 0;
+            if (KV == KV_F16) {
+                u64 off = (u64)slot * D + c;
+                cp_async16(dk + r * S + c, (const u16*)kb + off, ok);
+                cp_async16(dv + r * S + c, (const u16*)vb + off, ok);
+            } else {
+                float f[8];
+                uint4 w = make_uint4(0, 0, 0, 0);
+                if (ok) {
+                    kv_load<KV, D, 8>(kb, n_ctx, slot, c, f);
+                    w = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]),
+                                   pack_h2(f[6], f[7]));
+                }
+                *(uint4*)(dk + r * S + c) = w;
+                if (ok) {
+                    kv_load<KV, D, 8>(vb, n_ctx, slot, c, f);
+                    w = make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]),
+                                   pack_h2(f[6], f[7]));
+                }
+                *(uint4*)(dv + r * S + c) = w;
+            }
         }
         cp_async_commit();
     };
@@ -216,18 +235,23 @@ __device__ __forceinline__ void attn_flash(const float* q, const u16* kc, const 
     }
 }
 
-#define INSTANTIATE_FLASH(D, BK)                                                               \
+#define INSTANTIATE_FLASH(D, BK, SUF, KV)                                                      \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                   \
-        attn_flash_##D(const float* q, const u16* kc, const u16* vc, const u32* inputs,        \
-                       float* out, int n_tok, int n_head, int group, int n_ctx, float scale,   \
-                       int window) {                                                           \
-        attn_flash<D, BK, false>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx, scale,   \
-                                 window, nullptr, 1);                                          \
+        attn_flash_##D##SUF(const float* q, const u8* kc, const u8* vc, const u32* inputs,     \
+                            float* out, int n_tok, int n_head, int group, int n_ctx,           \
+                            float scale, int window) {                                         \
+        attn_flash<D, BK, false, KV>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx,      \
+                                     scale, window, nullptr, 1);                               \
     }
 
-INSTANTIATE_FLASH(16, 64)
-INSTANTIATE_FLASH(32, 64)
-INSTANTIATE_FLASH(64, 64)
-INSTANTIATE_FLASH(96, 64)
-INSTANTIATE_FLASH(128, 64)
-INSTANTIATE_FLASH(256, 32)
+INSTANTIATE_FLASH(16, 64, , KV_F16)
+INSTANTIATE_FLASH(32, 64, , KV_F16)
+INSTANTIATE_FLASH(64, 64, , KV_F16)
+INSTANTIATE_FLASH(96, 64, , KV_F16)
+INSTANTIATE_FLASH(128, 64, , KV_F16)
+INSTANTIATE_FLASH(256, 32, , KV_F16)
+INSTANTIATE_FLASH(32, 64, _q8, KV_Q8)
+INSTANTIATE_FLASH(64, 64, _q8, KV_Q8)
+INSTANTIATE_FLASH(96, 64, _q8, KV_Q8)
+INSTANTIATE_FLASH(128, 64, _q8, KV_Q8)
+INSTANTIATE_FLASH(256, 32, _q8, KV_Q8)

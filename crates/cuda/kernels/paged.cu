@@ -18,7 +18,8 @@
 // its sequence's block table.
 
 // `rope_kv` for a batched pass over the paged cache: token t sits at position pos[t] and its
-// keys and values go to cache slot slot[t] (from its sequence's block table).
+// keys and values go to cache slot slot[t] (from its sequence's block table). `_q8`: into a
+// q8_0 pool.
 extern "C" __global__ void rope_kv_paged(float* q, const float* k, const float* v, u16* kc,
                                          u16* vc, const u32* pos, const u32* slot,
                                          const float* inv_freq, int n_tok, int n_head,
@@ -35,10 +36,20 @@ extern "C" __global__ void rope_kv_paged(float* q, const float* k, const float* 
     rope_kv_pair(q, k, v, kc, vc, inv_freq, t, h, i, pos[t], slot[t], n_head, n_kv, head_dim,
                  half, neox, n_ctx);
 }
+extern "C" __global__ void rope_kv_paged_q8(float* q, const float* k, const float* v, u8* kc,
+                                            u8* vc, const u32* pos, const u32* slot,
+                                            const float* inv_freq, int n_tok, int n_head,
+                                            int n_kv, int head_dim, int half, int neox,
+                                            int n_ctx) {
+    rope_kv_q8_at(q, k, v, kc, vc, nullptr, pos, slot, inv_freq, n_tok, n_head, n_kv, head_dim,
+                  half, neox, n_ctx);
+}
 
-#define INSTANTIATE_ATTN_PAGED(D, BK)                                                          \
-    extern "C" __global__ void attn_split_paged_##D(                                           \
-        const float* q, const u16* kc, const u16* vc, const u32* bat, float* part_o,           \
+// SUF/KV: the pool's element type (none/KV_F16, `_q8`/KV_Q8); the combine is
+// element-independent (instantiated once, with the f16 kernels).
+#define INSTANTIATE_ATTN_PAGED(D, BK, SUF, KV)                                                 \
+    extern "C" __global__ void attn_split_paged_##D##SUF(                                      \
+        const float* q, const u8* kc, const u8* vc, const u32* bat, float* part_o,             \
         float2* part_ml, int n_head, int group, int n_ctx, int n_split, float scale,           \
         int window, int bs, int n_tok) {                                                       \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
@@ -50,8 +61,23 @@ extern "C" __global__ void rope_kv_paged(float* q, const float* k, const float* 
         q += (u64)row * n_head * D;                                                            \
         part_o += (u64)z * n_head * n_split * D;                                               \
         part_ml += (u64)z * n_head * n_split;                                                  \
-        ATT_GROUPS(SPLIT_PAGED_##D)                                                            \
+        ATT_GROUPS(SPLIT_G, D, true, KV)                                                       \
     }                                                                                          \
+    extern "C" __global__ void attn_prefill_paged_##D##SUF(                                    \
+        const float* q, const u8* kc, const u8* vc, const u32* inputs, const u32* table,       \
+        int bs, float* out, int n_tok, int n_head, int group, int n_ctx, float scale,          \
+        int window) {                                                                          \
+        __shared__ float sm[4 * MAX_GROUP * D];                                                \
+        ATT_GROUPS(PREFILL_G, D, true, KV)                                                     \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) attn_flash_paged_##D##SUF(        \
+        const float* q, const u8* kc, const u8* vc, const u32* inputs, const u32* table,       \
+        int bs, float* out, int n_tok, int n_head, int group, int n_ctx, float scale,          \
+        int window) {                                                                          \
+        attn_flash<D, BK, true, KV>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx,       \
+                                    scale, window, table, bs);                                 \
+    }
+#define INSTANTIATE_COMBINE_PAGED(D)                                                           \
     extern "C" __global__ void attn_combine_paged_##D(                                         \
         const float* part_o, const float2* part_ml, const u32* bat, float* out, i8* q,         \
         float2* ds, int n_head, int n_split, int do_q, int window, int n_tok) {                \
@@ -67,38 +93,22 @@ extern "C" __global__ void rope_kv_paged(float* q, const float* k, const float* 
             ds += (u64)row * n_head * D / 32;                                                  \
         }                                                                                      \
         attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, chunk, do_q, window);    \
-    }                                                                                          \
-    extern "C" __global__ void attn_prefill_paged_##D(                                         \
-        const float* q, const u16* kc, const u16* vc, const u32* inputs, const u32* table,     \
-        int bs, float* out, int n_tok, int n_head, int group, int n_ctx, float scale,          \
-        int window) {                                                                          \
-        __shared__ float sm[4 * MAX_GROUP * D];                                                \
-        ATT_GROUPS(PREFILL_PAGED_##D)                                                          \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS) attn_flash_paged_##D(             \
-        const float* q, const u16* kc, const u16* vc, const u32* inputs, const u32* table,     \
-        int bs, float* out, int n_tok, int n_head, int group, int n_ctx, float scale,          \
-        int window) {                                                                          \
-        attn_flash<D, BK, true>(q, kc, vc, inputs, out, n_tok, n_head, group, n_ctx, scale,    \
-                                window, table, bs);                                            \
     }
 
-#define SPLIT_PAGED_16(G) attn_split<16, G, true>(SPLIT_ARGS)
-#define SPLIT_PAGED_32(G) attn_split<32, G, true>(SPLIT_ARGS)
-#define SPLIT_PAGED_96(G) attn_split<96, G, true>(SPLIT_ARGS)
-#define SPLIT_PAGED_64(G) attn_split<64, G, true>(SPLIT_ARGS)
-#define SPLIT_PAGED_128(G) attn_split<128, G, true>(SPLIT_ARGS)
-#define SPLIT_PAGED_256(G) attn_split<256, G, true>(SPLIT_ARGS)
-#define PREFILL_PAGED_16(G) attn_prefill<16, G, true>(PREFILL_ARGS)
-#define PREFILL_PAGED_32(G) attn_prefill<32, G, true>(PREFILL_ARGS)
-#define PREFILL_PAGED_96(G) attn_prefill<96, G, true>(PREFILL_ARGS)
-#define PREFILL_PAGED_64(G) attn_prefill<64, G, true>(PREFILL_ARGS)
-#define PREFILL_PAGED_128(G) attn_prefill<128, G, true>(PREFILL_ARGS)
-#define PREFILL_PAGED_256(G) attn_prefill<256, G, true>(PREFILL_ARGS)
-
-INSTANTIATE_ATTN_PAGED(16, 64)
-INSTANTIATE_ATTN_PAGED(32, 64)
-INSTANTIATE_ATTN_PAGED(64, 64)
-INSTANTIATE_ATTN_PAGED(96, 64)
-INSTANTIATE_ATTN_PAGED(128, 64)
-INSTANTIATE_ATTN_PAGED(256, 32)
+INSTANTIATE_ATTN_PAGED(16, 64, , KV_F16)
+INSTANTIATE_ATTN_PAGED(32, 64, , KV_F16)
+INSTANTIATE_ATTN_PAGED(64, 64, , KV_F16)
+INSTANTIATE_ATTN_PAGED(96, 64, , KV_F16)
+INSTANTIATE_ATTN_PAGED(128, 64, , KV_F16)
+INSTANTIATE_ATTN_PAGED(256, 32, , KV_F16)
+INSTANTIATE_ATTN_PAGED(32, 64, _q8, KV_Q8)
+INSTANTIATE_ATTN_PAGED(64, 64, _q8, KV_Q8)
+INSTANTIATE_ATTN_PAGED(96, 64, _q8, KV_Q8)
+INSTANTIATE_ATTN_PAGED(128, 64, _q8, KV_Q8)
+INSTANTIATE_ATTN_PAGED(256, 32, _q8, KV_Q8)
+INSTANTIATE_COMBINE_PAGED(16)
+INSTANTIATE_COMBINE_PAGED(32)
+INSTANTIATE_COMBINE_PAGED(64)
+INSTANTIATE_COMBINE_PAGED(96)
+INSTANTIATE_COMBINE_PAGED(128)
+INSTANTIATE_COMBINE_PAGED(256)

@@ -1,8 +1,8 @@
 //! Batch invariance on CUDA (issue 26): a greedy sequence gives the same tokens alone and
 //! inside a batch of up to 17 sequences arriving and leaving, prompts chunked by a token
 //! budget, over one shared paged KV pool with prefix reuse (the server's continuous
-//! batching), on the synthetic `tiny-llama3`, the tiny family fixtures (Gemma 3's sliding
-//! windows and Phi-3's included) and the default model where it is cached.
+//! batching), on the synthetic `tiny-llama3` (also over a q8_0 pool), the tiny family fixtures
+//! (Gemma 3's sliding windows and Phi-3's included) and the default model where it is cached.
 //!
 //! Bits are not promised at this level: a pass of 16 rows or more multiplies through cuBLAS
 //! in bf16 and a shorter one through the dp4a GEMVs, so a row's logits depend on how many
@@ -132,6 +132,24 @@ fn tiny_llama3_gives_the_same_tokens_alone_and_batched() {
         check(&m, 10, 15, &format!("tiny-llama3 {label}, budget 15"));
         check(&m, 15, 24, &format!("tiny-llama3 {label}, budget 24"));
     }
+}
+
+#[test]
+fn q8_0_pool_gives_the_same_tokens_alone_and_batched() {
+    // `--cache-type q8_0`: the shared pool and the lone sequence's cache both quantize each
+    // row as it is written, so a row's cache bytes do not depend on the batch either.
+    if !common::cuda_device() {
+        return;
+    }
+    let b = CudaBackend::new(0).expect("opening the CUDA backend");
+    let opts = LoadOptions {
+        n_ctx: Some(256),
+        cache_type: Some(damascus_model::KvCacheType::Q8_0),
+        ..Default::default()
+    };
+    let m = Model::with_backend(common::tiny(Mix::Q4_K_M, "Q4_K_M"), &opts, b).unwrap();
+    check(&m, 10, 15, "tiny-llama3 Q4_K_M q8_0, budget 15");
+    check(&m, 15, 24, "tiny-llama3 Q4_K_M q8_0, budget 24");
 }
 
 #[test]

@@ -35,7 +35,7 @@ pub enum CacheType {
     #[default]
     F16,
     /// llama.cpp's q8_0: 32 values share one f16 scale (about 1.9x the positions of f16 in
-    /// the same memory; CPU backend).
+    /// the same memory; CPU and CUDA backends).
     #[value(name = "q8_0")]
     Q8_0,
 }
@@ -55,7 +55,7 @@ impl CacheType {
 #[derive(clap::Args, Debug, Clone, Copy, Default)]
 pub struct CacheTypeArgs {
     /// KV cache element type of keys and values [default: f16 on the fast path, f32 on
-    /// --reference; CUDA: f16 only]. q8_0 needs a head size that is a multiple of 32.
+    /// --reference; CUDA: f16 or q8_0]. q8_0 needs a head size that is a multiple of 32.
     #[arg(long, value_enum, value_name = "TYPE", ignore_case = true)]
     pub cache_type: Option<CacheType>,
     /// Key cache type (llama.cpp's -ctk); must equal --cache-type-v.

@@ -1,14 +1,17 @@
-//! RoPE and attention over the f16 KV cache: the fused RoPE + cache write, decode attention
-//! split over the KV length (positions per split chosen by depth) with a combine step, and
-//! prompt attention, on tensor cores (`attn_flash_*`, `kernels/flash.cu`) or on CUDA cores
-//! (`attn_prefill_*`, the fallback when the flash path is off).
+//! RoPE and attention over the KV cache (f16, or q8_0: [`crate::KvElem`]): the fused RoPE +
+//! cache write (`rope_kv`; `rope_kv_q8` quantizes each 32-value block of a head's row as the
+//! CPU's `quantize_q8_0` does), decode attention split over the KV length (positions per split
+//! chosen by depth) with a combine step, and prompt attention, on tensor cores (`attn_flash_*`,
+//! `kernels/flash.cu`) or on CUDA cores (`attn_prefill_*`, the fallback when the flash path is
+//! off). Every cache-reading kernel has an f16 and a q8_0 (`_q8`) instantiation of one device
+//! function, reading rows through the kernels' `kv_load`.
 
 use std::sync::atomic::Ordering;
 
 use super::Gpu;
 use super::buffers::{ATT_CHUNK_MIN, DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
-    AttnCombine, AttnFlash, AttnPrefill, AttnSplit, Ptr, Rope, RopeKv, head_variant,
+    AttnCombine, AttnFlash, AttnPrefill, AttnSplit, Ptr, Rope, RopeKv, attn_variant, head_variant,
 };
 use super::ops::div_ceil_u32;
 use crate::error::CudaError;
@@ -171,16 +174,24 @@ impl Gpu {
         }
         let variant = head_variant(hd)
             .ok_or_else(|| CudaError::Shape(format!("attention: head_dim {hd}")))?;
+        // The cache-reading kernels' variant (head size and element type).
+        let kvv = attn_variant(hd, kv.elem).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "attention: head_dim {hd} with a {:?} cache",
+                kv.elem
+            ))
+        })?;
         let group = n_head / n_kv;
         debug_assert!((1..=MAX_GROUP).contains(&group));
         let window = i32::try_from(params.window)
             .map_err(|_| CudaError::Shape(format!("attention window {}", params.window)))?;
         let inputs = self.rec().inputs.ptr;
-        let layer_off = layer * n_kv * kv.n_ctx * hd * 2;
+        let layer_off = layer * kv.layer_bytes();
         let (kc, vc) = (kv.k.ptr.at(layer_off), kv.v.ptr.at(layer_off));
         let total = n * (n_head + n_kv) * hd / 2;
         self.push(
             RopeKv {
+                variant: kv.elem as usize,
                 q: q.x.ptr,
                 k: k.x.ptr,
                 v: v.x.ptr,
@@ -209,7 +220,7 @@ impl Gpu {
             debug_assert!(n_split <= kv.max_split);
             self.push(
                 AttnSplit {
-                    variant,
+                    variant: kvv,
                     q: q.x.ptr,
                     kc,
                     vc,
@@ -254,7 +265,7 @@ impl Gpu {
         if self.flash_enabled.load(Ordering::Relaxed) {
             self.push_smem(
                 AttnFlash {
-                    variant,
+                    variant: kvv,
                     q: q.x.ptr,
                     kc,
                     vc,
@@ -274,7 +285,7 @@ impl Gpu {
         } else {
             self.push(
                 AttnPrefill {
-                    variant,
+                    variant: kvv,
                     q: q.x.ptr,
                     kc,
                     vc,

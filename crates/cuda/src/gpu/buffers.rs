@@ -1,6 +1,6 @@
 //! Device buffers: raw allocations, weight matrices in their device layout, f32 vectors,
-//! activations with their q8 and bf16 shadows, and the f16 KV cache with the decode
-//! attention's split partials.
+//! activations with their q8 and bf16 shadows, and the KV cache (f16 or q8_0, laid out as
+//! `crate::kv_layout` says) with the decode attention's split partials.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,6 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
 use super::launch::{self, Ptr};
 use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, call};
 use crate::error::CudaError;
+use crate::kv_layout::{KvElem, kv_head_bytes};
 use crate::layout::{self, Format, Packed};
 
 /// Fewest positions per decode attention split (the partials are sized for it).
@@ -100,8 +101,9 @@ pub struct DevAct {
     pub(super) q_fresh: AtomicBool,
 }
 
-/// The KV cache of every layer (f16, head-major `[layer][n_kv][n_ctx][head_dim]`) and the
-/// decode attention's split partials.
+/// The KV cache of every layer (head-major: `[layer][n_kv]` head regions of `n_ctx` rows of
+/// `head_dim` values, f16 or q8_0, see `crate::kv_layout`) and the decode attention's split
+/// partials.
 pub struct DevKv {
     /// Layers.
     pub n_layer: usize,
@@ -113,7 +115,10 @@ pub struct DevKv {
     pub head_dim: usize,
     /// Query heads (sizes the partials).
     pub n_head: usize,
-    pub(super) k: DevBuf,
+    /// Element type of the stored keys and values.
+    pub elem: KvElem,
+    pub(super) k: DevBuf, // [n_layer][n_kv] regions of kv_head_bytes(elem, n_ctx, head_dim)
+    // v likewise.
     pub(super) v: DevBuf,
     /// Splits the partials have room for (`n_ctx / ATT_CHUNK_MIN`, rounded up).
     pub(super) max_split: usize,
@@ -122,6 +127,13 @@ pub struct DevKv {
     /// The partials of a batched pass's decode rows (`paged`), grown on demand:
     /// `[n_dec][n_head][n_split][head_dim]` f32 and `[n_dec][n_head][n_split]` float2.
     pub(super) paged_part: Option<(DevBuf, DevBuf)>,
+}
+
+impl DevKv {
+    /// Bytes of one layer of keys (or values).
+    pub fn layer_bytes(&self) -> usize {
+        self.n_kv * kv_head_bytes(self.elem, self.n_ctx, self.head_dim)
+    }
 }
 
 impl Gpu {
@@ -247,7 +259,7 @@ impl Gpu {
         true
     }
 
-    /// A new KV cache.
+    /// A new f16 KV cache.
     pub fn kv(
         &self,
         n_layer: usize,
@@ -256,6 +268,20 @@ impl Gpu {
         head_dim: usize,
         n_head: usize,
     ) -> Result<DevKv, CudaError> {
+        self.kv_of(KvElem::F16, n_layer, n_ctx, n_kv, head_dim, n_head)
+    }
+
+    /// A new KV cache of `elem` (q8_0 needs a head size that is a multiple of 32).
+    pub fn kv_of(
+        &self,
+        elem: KvElem,
+        n_layer: usize,
+        n_ctx: usize,
+        n_kv: usize,
+        head_dim: usize,
+        n_head: usize,
+    ) -> Result<DevKv, CudaError> {
+        elem.check(head_dim)?;
         if launch::head_variant(head_dim).is_none() {
             return Err(CudaError::Shape(format!(
                 "CUDA attention supports head_dim 16, 32, 64, 96, 128 and 256, not {head_dim}"
@@ -266,7 +292,7 @@ impl Gpu {
                 "CUDA attention needs n_head ({n_head}) to be 1..={MAX_GROUP} times n_head_kv ({n_kv})"
             )));
         }
-        let per = n_layer * n_kv * n_ctx * head_dim * 2;
+        let per = n_layer * n_kv * kv_head_bytes(elem, n_ctx, head_dim);
         i32_dim("cache positions", n_ctx)?;
         let max_split = n_ctx.div_ceil(ATT_CHUNK_MIN);
         Ok(DevKv {
@@ -275,6 +301,7 @@ impl Gpu {
             n_kv,
             head_dim,
             n_head,
+            elem,
             k: self.alloc(per)?,
             v: self.alloc(per)?,
             max_split,
@@ -282,6 +309,34 @@ impl Gpu {
             part_ml: self.alloc(n_head * max_split * 8)?,
             paged_part: None,
         })
+    }
+
+    /// The stored bytes of `layer`'s keys and values (its `n_kv` head regions, laid out as
+    /// `crate::kv_layout` says): for tests.
+    pub fn read_kv_layer(&self, kv: &DevKv, layer: usize) -> Result<(Vec<u8>, Vec<u8>), CudaError> {
+        if layer >= kv.n_layer {
+            return Err(CudaError::Shape(format!(
+                "read_kv_layer: layer {layer} of {}",
+                kv.n_layer
+            )));
+        }
+        self.sync()?;
+        let bytes = kv.layer_bytes();
+        let mut out = (vec![0u8; bytes], vec![0u8; bytes]);
+        for (dst, src) in [(&mut out.0, &kv.k), (&mut out.1, &kv.v)] {
+            // SAFETY: `src` holds `n_layer` layers of `bytes`; the stream is synchronized
+            // before `dst` is read.
+            unsafe {
+                result::memcpy_dtoh_async(
+                    dst.as_mut_slice(),
+                    src.ptr.at(layer * bytes).0,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(call("reading the KV cache back"))?;
+        }
+        self.stream.synchronize().map_err(call("synchronizing"))?;
+        Ok(out)
     }
 
     /// Uploads host f32 `[n, width]` into `x` (tests and the hybrid path).

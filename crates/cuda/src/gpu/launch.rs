@@ -8,6 +8,7 @@
 //! `u64` for `u64` (byte offsets), `bool` for an `int` flag, and [`GemvMat`] for the three
 //! matrix slots of a GEMV.
 
+use crate::kv_layout::KvElem;
 use crate::layout::Format;
 
 /// A device address, passed as a kernel's `T*` argument; [`Ptr::NULL`] for "not written".
@@ -168,14 +169,22 @@ pub(crate) const DEQUANT: [&str; 6] = [
 pub(crate) const MMQ: [&str; 5] = ["mmq_q4k", "mmq_q41", "mmq_q80", "mmq_q50", "mmq_q6k"];
 /// Head sizes the attention kernels are instantiated for, in variant order.
 pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 96, 128, 256];
+/// `rope_kv` per KV cache element type ([`KvElem`] as usize).
+pub(crate) const ROPE_KV: [&str; 2] = ["rope_kv", "rope_kv_q8"];
+pub(crate) const ROPE_KV_PAGED: [&str; 2] = ["rope_kv_paged", "rope_kv_paged_q8"];
 /// Decode attention, indexed by [`head_variant`].
-pub(crate) const ATTN_SPLIT: [&str; 6] = [
+pub(crate) const ATTN_SPLIT: [&str; 11] = [
     "attn_split_16",
     "attn_split_32",
     "attn_split_64",
     "attn_split_96",
     "attn_split_128",
     "attn_split_256",
+    "attn_split_32_q8",
+    "attn_split_64_q8",
+    "attn_split_96_q8",
+    "attn_split_128_q8",
+    "attn_split_256_q8",
 ];
 pub(crate) const ATTN_COMBINE: [&str; 6] = [
     "attn_combine_16",
@@ -186,33 +195,48 @@ pub(crate) const ATTN_COMBINE: [&str; 6] = [
     "attn_combine_256",
 ];
 /// The CUDA-core prompt attention (the fallback when the flash path is off).
-pub(crate) const ATTN_PREFILL: [&str; 6] = [
+pub(crate) const ATTN_PREFILL: [&str; 11] = [
     "attn_prefill_16",
     "attn_prefill_32",
     "attn_prefill_64",
     "attn_prefill_96",
     "attn_prefill_128",
     "attn_prefill_256",
+    "attn_prefill_32_q8",
+    "attn_prefill_64_q8",
+    "attn_prefill_96_q8",
+    "attn_prefill_128_q8",
+    "attn_prefill_256_q8",
 ];
 /// The tensor-core flash prompt attention.
-pub(crate) const ATTN_FLASH: [&str; 6] = [
+pub(crate) const ATTN_FLASH: [&str; 11] = [
     "attn_flash_16",
     "attn_flash_32",
     "attn_flash_64",
     "attn_flash_96",
     "attn_flash_128",
     "attn_flash_256",
+    "attn_flash_32_q8",
+    "attn_flash_64_q8",
+    "attn_flash_96_q8",
+    "attn_flash_128_q8",
+    "attn_flash_256_q8",
 ];
 
 /// The paged twins of the attention kernels (a batched pass over the shared pool,
 /// `kernels/paged.cu`), indexed by [`head_variant`].
-pub(crate) const ATTN_SPLIT_PAGED: [&str; 6] = [
+pub(crate) const ATTN_SPLIT_PAGED: [&str; 11] = [
     "attn_split_paged_16",
     "attn_split_paged_32",
     "attn_split_paged_64",
     "attn_split_paged_96",
     "attn_split_paged_128",
     "attn_split_paged_256",
+    "attn_split_paged_32_q8",
+    "attn_split_paged_64_q8",
+    "attn_split_paged_96_q8",
+    "attn_split_paged_128_q8",
+    "attn_split_paged_256_q8",
 ];
 pub(crate) const ATTN_COMBINE_PAGED: [&str; 6] = [
     "attn_combine_paged_16",
@@ -222,26 +246,47 @@ pub(crate) const ATTN_COMBINE_PAGED: [&str; 6] = [
     "attn_combine_paged_128",
     "attn_combine_paged_256",
 ];
-pub(crate) const ATTN_PREFILL_PAGED: [&str; 6] = [
+pub(crate) const ATTN_PREFILL_PAGED: [&str; 11] = [
     "attn_prefill_paged_16",
     "attn_prefill_paged_32",
     "attn_prefill_paged_64",
     "attn_prefill_paged_96",
     "attn_prefill_paged_128",
     "attn_prefill_paged_256",
+    "attn_prefill_paged_32_q8",
+    "attn_prefill_paged_64_q8",
+    "attn_prefill_paged_96_q8",
+    "attn_prefill_paged_128_q8",
+    "attn_prefill_paged_256_q8",
 ];
-pub(crate) const ATTN_FLASH_PAGED: [&str; 6] = [
+pub(crate) const ATTN_FLASH_PAGED: [&str; 11] = [
     "attn_flash_paged_16",
     "attn_flash_paged_32",
     "attn_flash_paged_64",
     "attn_flash_paged_96",
     "attn_flash_paged_128",
     "attn_flash_paged_256",
+    "attn_flash_paged_32_q8",
+    "attn_flash_paged_64_q8",
+    "attn_flash_paged_96_q8",
+    "attn_flash_paged_128_q8",
+    "attn_flash_paged_256_q8",
 ];
 
 /// The variant of a per-head-size attention kernel ([`HEAD_DIMS`]), `None` for other sizes.
 pub(crate) fn head_variant(head_dim: usize) -> Option<usize> {
     HEAD_DIMS.iter().position(|&d| d == head_dim)
+}
+
+/// The variant of a cache-reading attention kernel (split, prompt, flash and their paged
+/// twins): the f16 ones by [`head_variant`], then the q8_0 ones (`_q8`, head sizes that are
+/// multiples of 32: every one but 16); `None` for a size without one.
+pub(crate) fn attn_variant(head_dim: usize, elem: KvElem) -> Option<usize> {
+    let v = head_variant(head_dim)?;
+    match elem {
+        KvElem::F16 => Some(v),
+        KvElem::Q8_0 => (v >= 1).then(|| HEAD_DIMS.len() + v - 1),
+    }
 }
 
 /// The MMQ variant for `format`, if it has one.
@@ -264,6 +309,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "to_bf16",
     "rope",
     "rope_kv",
+    "rope_kv_q8",
     "gemv_q4k",
     "gemv_q41",
     "gemv_q80",
@@ -307,6 +353,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "attn_prefill_256",
     "attn_flash_256",
     "rope_kv_paged",
+    "rope_kv_paged_q8",
     "attn_split_paged_16",
     "attn_split_paged_32",
     "attn_split_paged_64",
@@ -337,6 +384,36 @@ pub(crate) const KERNELS: &[&str] = &[
     "mmq_q50",
     "mmq_q6k",
     "argmax_rows",
+    "attn_split_32_q8",
+    "attn_split_64_q8",
+    "attn_split_96_q8",
+    "attn_split_128_q8",
+    "attn_split_256_q8",
+    "attn_prefill_32_q8",
+    "attn_prefill_64_q8",
+    "attn_prefill_96_q8",
+    "attn_prefill_128_q8",
+    "attn_prefill_256_q8",
+    "attn_flash_32_q8",
+    "attn_flash_64_q8",
+    "attn_flash_96_q8",
+    "attn_flash_128_q8",
+    "attn_flash_256_q8",
+    "attn_split_paged_32_q8",
+    "attn_split_paged_64_q8",
+    "attn_split_paged_96_q8",
+    "attn_split_paged_128_q8",
+    "attn_split_paged_256_q8",
+    "attn_prefill_paged_32_q8",
+    "attn_prefill_paged_64_q8",
+    "attn_prefill_paged_96_q8",
+    "attn_prefill_paged_128_q8",
+    "attn_prefill_paged_256_q8",
+    "attn_flash_paged_32_q8",
+    "attn_flash_paged_64_q8",
+    "attn_flash_paged_96_q8",
+    "attn_flash_paged_128_q8",
+    "attn_flash_paged_256_q8",
 ];
 
 kernels! {
@@ -371,8 +448,8 @@ kernels! {
         x: Ptr, inputs: Ptr, inv_freq: Ptr, n_tok: i32, n_head: i32, head_dim: i32, half: i32,
         neox: bool,
     }
-    /// RoPE on q, k fused with the f16 cache write of k and v.
-    RopeKv = "rope_kv" {
+    /// RoPE on q, k fused with the cache write of k and v (f16, or quantized to q8_0).
+    RopeKv in ROPE_KV {
         q: Ptr, k: Ptr, v: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, inv_freq: Ptr, n_tok: i32,
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
@@ -418,7 +495,7 @@ kernels! {
     }
     /// `rope_kv` of a batched pass: row t at position `pos[t]`, written to cache slot
     /// `slot[t]`.
-    RopeKvPaged = "rope_kv_paged" {
+    RopeKvPaged in ROPE_KV_PAGED {
         q: Ptr, k: Ptr, v: Ptr, kc: Ptr, vc: Ptr, pos: Ptr, slot: Ptr, inv_freq: Ptr, n_tok: i32,
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
@@ -484,6 +561,22 @@ mod tests {
     }
 
     #[test]
+    fn attention_variants_name_their_element_type_and_head_size() {
+        for (i, &d) in HEAD_DIMS.iter().enumerate() {
+            let f = attn_variant(d, KvElem::F16).unwrap();
+            assert_eq!(ATTN_SPLIT[f], format!("attn_split_{d}"));
+            match attn_variant(d, KvElem::Q8_0) {
+                Some(q) => {
+                    assert_eq!(ATTN_SPLIT[q], format!("attn_split_{d}_q8"));
+                    assert_eq!(ATTN_FLASH_PAGED[q], format!("attn_flash_paged_{d}_q8"));
+                }
+                None => assert_eq!(i, 0, "q8_0 lacks head size {d}"),
+            }
+        }
+        assert_eq!(attn_variant(48, KvElem::F16), None);
+    }
+
+    #[test]
     fn every_family_member_is_listed() {
         for list in [
             &GEMV[..],
@@ -498,6 +591,8 @@ mod tests {
             &ATTN_COMBINE_PAGED,
             &ATTN_PREFILL_PAGED,
             &ATTN_FLASH_PAGED,
+            &ROPE_KV,
+            &ROPE_KV_PAGED,
         ] {
             for k in list {
                 assert!(KERNELS.contains(k), "{k} missing from KERNELS");

@@ -44,12 +44,14 @@ use profile::Profile;
 use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
+/// `kv_quant.cu` (the cache write into a q8_0 KV cache),
 /// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
 /// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
 /// batched pass over the shared paged KV pool, built from the other files' device functions)
 /// and `gemv_batch.cu` (the GEMV of a decode batch).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
+    include_str!("../../kernels/kv_quant.cu"),
     include_str!("../../kernels/mmq.cu"),
     include_str!("../../kernels/flash.cu"),
     include_str!("../../kernels/paged.cu"),

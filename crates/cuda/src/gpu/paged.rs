@@ -1,6 +1,6 @@
 //! Batched passes over a shared paged KV pool (the server's continuous batching): the layer
-//! caches of a [`DevKv`] are the pool (`[n_kv][n_ctx][head_dim]` f16 per layer, its `n_ctx`
-//! slots cut into blocks of `block_size`), every sequence of the pass has its own positions
+//! caches of a [`DevKv`] are the pool (`n_kv` head regions of `n_ctx` rows per layer, f16 or
+//! q8_0, its `n_ctx` slots cut into blocks of `block_size`), every sequence of the pass has its own positions
 //! and block table, and every row attends over its own sequence's slots.
 //!
 //! One batch table per pass (`kernels/paged.cu` spells out its layout: per-row positions,
@@ -20,7 +20,7 @@ use super::attention::{ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, decode_chun
 use super::buffers::{DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
     AttnCombinePaged, AttnFlashPaged, AttnPrefillPaged, AttnSplitPaged, Ptr, RopeKvPaged,
-    head_variant,
+    attn_variant, head_variant,
 };
 use super::ops::div_ceil_u32;
 use super::recorder::Op;
@@ -196,6 +196,9 @@ impl Gpu {
             )));
         }
         let variant = head_variant(hd).ok_or_else(|| shape_err(format!("head_dim {hd}")))?;
+        // The cache-reading kernels' variant (head size and element type).
+        let kvv = attn_variant(hd, kv.elem)
+            .ok_or_else(|| shape_err(format!("head_dim {hd} with a {:?} cache", kv.elem)))?;
         let group = n_head / n_kv;
         debug_assert!((1..=MAX_GROUP).contains(&group));
         let window = i32::try_from(params.window)
@@ -256,11 +259,12 @@ impl Gpu {
             .as_ref()
             .map_or((Ptr::NULL, Ptr::NULL), |(o, ml)| (o.ptr, ml.ptr));
 
-        let layer_off = layer * n_kv * kv.n_ctx * hd * 2;
+        let layer_off = layer * kv.layer_bytes();
         let (kc, vc) = (kv.k.ptr.at(layer_off), kv.v.ptr.at(layer_off));
         let total = n * (n_head + n_kv) * hd / 2;
         self.push(
             RopeKvPaged {
+                variant: kv.elem as usize,
                 q: q.x.ptr,
                 k: k.x.ptr,
                 v: v.x.ptr,
@@ -289,7 +293,7 @@ impl Gpu {
         if bt.n_dec > 0 {
             self.push(
                 AttnSplitPaged {
-                    variant,
+                    variant: kvv,
                     q: q.x.ptr,
                     kc,
                     vc,
@@ -345,7 +349,7 @@ impl Gpu {
                 }
                 self.push_smem(
                     AttnFlashPaged {
-                        variant,
+                        variant: kvv,
                         q: row_q,
                         kc,
                         vc,
@@ -367,7 +371,7 @@ impl Gpu {
             } else {
                 self.push(
                     AttnPrefillPaged {
-                        variant,
+                        variant: kvv,
                         q: row_q,
                         kc,
                         vc,

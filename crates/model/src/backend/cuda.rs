@@ -8,7 +8,9 @@
 //! 2 bytes per weight of every matrix a prompt touches, i.e. not the LM head, which only ever
 //! sees the last position).
 //!
-//! Activations and the KV cache (f16) never leave the device; ops are recorded and flushed at
+//! Activations and the KV cache (f16, or q8_0 with `--cache-type q8_0`: quantized per 32-value
+//! block by the cache write as the CPU's `quantize_q8_0` does, widened in registers by every
+//! attention kernel) never leave the device; ops are recorded and flushed at
 //! the end of the pass, and a decode step (one token) replays a captured CUDA graph (see
 //! `damascus_cuda::gpu`). Logits come back to the host in [`Backend::read`].
 //!
@@ -25,7 +27,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu, PagedSeq};
+use damascus_cuda::{AttnParams, DevAct, DevKv, DevMatrix, DevVec, Gpu, KvElem, PagedSeq};
 use damascus_kernels::reference::{AttnShape, RopeLayout};
 use damascus_kernels::settings::KernelSettings;
 
@@ -109,6 +111,18 @@ impl CudaBackend {
     }
 }
 
+/// The device cache's element type for `t`: f16 or q8_0 (f32 is the reference backend's).
+fn kv_elem(t: KvCacheType) -> Result<KvElem, ModelError> {
+    match t {
+        KvCacheType::F16 => Ok(KvElem::F16),
+        KvCacheType::Q8_0 => Ok(KvElem::Q8_0),
+        KvCacheType::F32 => Err(ModelError::CacheType {
+            cache_type: t.name().into(),
+            why: "the CUDA backend keeps f16 or q8_0 (use --cache-type f16 or q8_0)".into(),
+        }),
+    }
+}
+
 /// The device attention's options for one layer: scores scaled by `1/sqrt(head_dim)` (the
 /// decoder scales q itself where a family overrides that), and the layer's window.
 fn params(attn: AttnSpec) -> AttnParams {
@@ -136,7 +150,8 @@ impl CudaBackend {
         }
         Ok(match &mut cache.kv {
             Some(kv) => kv,
-            slot @ None => slot.insert(self.gpu.kv(
+            slot @ None => slot.insert(self.gpu.kv_of(
+                kv_elem(s.cache_type)?,
                 s.n_layer,
                 s.n_ctx,
                 s.n_head_kv,
@@ -183,12 +198,8 @@ impl Backend for CudaBackend {
     }
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<CudaKvCache, ModelError> {
-        if shape.cache_type != KvCacheType::F16 {
-            return Err(ModelError::BackendUnavailable {
-                name: "cuda".into(),
-                why: "the CUDA backend keeps an f16 KV cache (use --cache-type f16)".into(),
-            });
-        }
+        kv_elem(shape.cache_type)?;
+        shape.check_cache_type()?;
         Ok(CudaKvCache { shape, kv: None })
     }
 

@@ -94,8 +94,8 @@ pub enum KvCacheType {
     F32,
     /// llama.cpp's q8_0: per 32 values of a head's row one f16 scale `d = amax / 127` and 32
     /// i8 `round(x / d)` (34 bytes per 32 values, ≈ 1.88× the positions of f16 in the same
-    /// memory). The CPU backend stores it; the reference backend emulates it (quantizes, then
-    /// dequantizes on write); head sizes must be multiples of 32.
+    /// memory). The CPU and CUDA backends store it; the reference backend emulates it
+    /// (quantizes, then dequantizes on write); head sizes must be multiples of 32.
     Q8_0,
 }
 
