@@ -10,8 +10,8 @@
 // Block (kv head, split [, decode row]) of AD_THREADS threads covers the split's visible
 // positions [lo, hi) for the whole GQA group (each K/V row is read once for the G query heads)
 // in tiles of AD_TILE positions. K and V tiles stream into shared memory with 16-byte
-// `cp.async` copies, double-buffered: tile t + 1 is in flight while tile t is scored and
-// accumulated. Per tile:
+// `cp.async` copies through a ring of AD_STAGES(D) stages: tiles t + 1 .. t + AD_STAGES - 1
+// are in flight while tile t is scored and accumulated (16 to 32 KiB per block). Per tile:
 //   scores  — D / 8 threads per position, 16 bytes (8 dims) of its key row each, q of those
 //             dims for all G heads held in registers, summed across the threads by shuffles;
 //   softmax — a warp per query head (lane = position): the running max m and sum l of the
@@ -29,11 +29,14 @@
 #define AD_TILE 32      // positions per K/V tile (one per lane in the softmax step)
 #define AD_WARPS (AD_THREADS / 32)
 
-// Bytes of the tile region for head size D: two stages of K and V tiles [2][2][AD_TILE][D]
-// f16, reused after the loop for the position groups' partial o [NPG][G][D] f32 (NPG * D =
-// AD_THREADS * 8 floats per head, so G * 4 KiB).
-#define AD_REGION(D) ((4 * AD_TILE * (D) * 2) > (MAX_GROUP * AD_THREADS * 8 * 4) \
-                          ? (4 * AD_TILE * (D) * 2)                             \
+// Stages of the K/V tile ring for head size D: 4 x 8 KiB, 3 x 16 KiB or 2 x 32 KiB of K and V.
+#define AD_STAGES(D) ((D) <= 64 ? 4 : ((D) <= 128 ? 3 : 2))
+// Bytes of the tile region for head size D: the ring [AD_STAGES][2][AD_TILE][D] f16, reused
+// after the loop for the position groups' partial o [NPG][G][D] f32 (NPG * D = AD_THREADS * 8
+// floats per head, so G * 4 KiB).
+#define AD_RING(D) (AD_STAGES(D) * 2 * AD_TILE * (D) * 2)
+#define AD_REGION(D) (AD_RING(D) > (MAX_GROUP * AD_THREADS * 8 * 4) \
+                          ? AD_RING(D)                              \
                           : (MAX_GROUP * AD_THREADS * 8 * 4))
 
 extern __shared__ uint4 ad_smem[];
@@ -59,6 +62,7 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
     constexpr int CPR = D / 8;                 // 16-byte chunks per cached row
     constexpr int PPP = AD_THREADS / CPR;      // positions per score pass = value groups
     constexpr int TILE = AD_TILE * D;          // f16 elements of one K or V tile
+    constexpr int NST = AD_STAGES(D);
     static_assert(AD_THREADS % CPR == 0 && AD_TILE % PPP == 0, "head size");
     static_assert(G <= 2 * AD_WARPS, "group");
     int kvh = blockIdx.x, split = blockIdx.y, tid = threadIdx.x;
@@ -66,7 +70,7 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
     int lo = max(att_lo(n_pos - 1, window), split * chunk);
     int hi = min(n_pos, split * chunk + chunk);
     if (lo >= hi) return;  // a split past the query or before its window: not combined
-    u16* tiles = (u16*)ad_smem;                                       // [2][2][AD_TILE][D]
+    u16* tiles = (u16*)ad_smem;                                     // [NST][2][AD_TILE][D]
     float* red = (float*)ad_smem;                                     // [PPP][G][D], after
     float(*sc)[AD_TILE] = (float(*)[AD_TILE])((char*)ad_smem + AD_REGION(D));  // [G][TILE]
     float* cr = (float*)((char*)ad_smem + AD_REGION(D)) + MAX_GROUP * AD_TILE;  // [G]
@@ -89,8 +93,15 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
         qr[g][7] = b.w * scale;
     }
 
+    int n_tiles = (hi - lo + AD_TILE - 1) / AD_TILE;
     // Tile t (positions lo + t * AD_TILE ..) into stage `buf`; rows at or past hi zero-filled.
+    // One commit group per call, an empty one past the last tile (so that "tile t landed" is
+    // always "all but the newest NST - 2 groups done").
     auto load = [&](int t, int buf) {
+        if (t >= n_tiles) {
+            cp_async_commit();
+            return;
+        }
         int base = lo + t * AD_TILE;
         u16* dk = tiles + buf * 2 * TILE;
         u16* dv = dk + TILE;
@@ -114,15 +125,14 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
     _Pragma("unroll") for (int g = 0; g < G; g++)
         _Pragma("unroll") for (int j = 0; j < 8; j++) o[g][j] = 0.0f;
 
-    int n_tiles = (hi - lo + AD_TILE - 1) / AD_TILE;
-    load(0, 0);
+    _Pragma("unroll") for (int t = 0; t < NST - 1; t++) load(t, t);
     for (int t = 0; t < n_tiles; t++) {
-        cp_async_wait<0>();
+        cp_async_wait<NST - 2>();
         // Tile t is visible to every thread, and every thread is done with tile t - 1 (its
-        // stage, the weights and corrections): the next tile may stream into that stage.
+        // stage, the weights and corrections): tile t + NST - 1 may stream into that stage.
         __syncthreads();
-        if (t + 1 < n_tiles) load(t + 1, (t + 1) & 1);
-        const u16* tk = tiles + (t & 1) * 2 * TILE;
+        load(t + NST - 1, (t + NST - 1) % NST);
+        const u16* tk = tiles + (t % NST) * 2 * TILE;
         const u16* tv = tk + TILE;
         int n_here = min(AD_TILE, hi - lo - t * AD_TILE);  // >= 1
 
@@ -179,8 +189,9 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
             }
         }
     }
-    // Every copy has landed (the last wait) and every thread is past its last tile read: the
-    // tile region takes the position groups' partial o.
+    // Every copy has landed (the groups after the last tile are empty) and every thread is
+    // past its last tile read: the tile region takes the position groups' partial o.
+    cp_async_wait<0>();
     __syncthreads();
     _Pragma("unroll") for (int g = 0; g < G; g++)
         _Pragma("unroll") for (int j = 0; j < 8; j++) red[(pl * G + g) * D + part * 8 + j] = o[g][j];

@@ -30,12 +30,22 @@ pub(super) const AD_THREADS: u32 = 128;
 /// Positions per K/V tile of the streamed decode kernel (its `AD_TILE`).
 const AD_TILE: usize = 32;
 
+/// Stages of the streamed decode kernel's K/V tile ring for head size `d` (its `AD_STAGES`).
+fn attn_decode_stages(d: usize) -> usize {
+    match d {
+        ..=64 => 4,
+        ..=128 => 3,
+        _ => 2,
+    }
+}
+
 /// Dynamic shared memory of one streamed decode block for head size `d` (the kernel's
 /// `AD_REGION(D)` plus the weights `[MAX_GROUP][AD_TILE]` and corrections `[MAX_GROUP]`, f32):
-/// two stages of K and V tiles `[2][2][AD_TILE][d]` f16, or the position groups' partial
+/// the ring of K and V tiles `[stages][2][AD_TILE][d]` f16, or the position groups' partial
 /// outputs `[MAX_GROUP]` × 4 KiB f32, whichever is larger.
 pub(super) fn attn_decode_smem(d: usize) -> u32 {
-    let region = (4 * AD_TILE * d * 2).max(MAX_GROUP * AD_THREADS as usize * 8 * 4);
+    let ring = attn_decode_stages(d) * 2 * AD_TILE * d * 2;
+    let region = ring.max(MAX_GROUP * AD_THREADS as usize * 8 * 4);
     (region + (MAX_GROUP * AD_TILE + MAX_GROUP) * 4) as u32
 }
 
@@ -370,9 +380,10 @@ mod tests {
 
     #[test]
     fn attn_decode_smem_fits_every_head_size_and_group() {
-        // Two stages of K and V tiles, or 4 KiB of partial output per head of a full group.
+        // The ring of K and V tiles (4 x 8 KiB, 3 x 16 KiB, 2 x 32 KiB), or 4 KiB of partial
+        // output per head of a full group.
         assert_eq!(attn_decode_smem(64), 32768 + 1056);
-        assert_eq!(attn_decode_smem(128), 32768 + 1056);
+        assert_eq!(attn_decode_smem(128), 49152 + 1056);
         assert_eq!(attn_decode_smem(256), 65536 + 1056);
         for d in super::super::launch::DECODE_HEAD_DIMS {
             // Under the 227 KiB a Hopper block may take, and several blocks per SM.
