@@ -18,6 +18,7 @@ struct uint4 { u32 x, y, z, w; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct Dim { int x = 0, y = 0, z = 0; };
 thread_local Dim threadIdx;
 Dim blockIdx;

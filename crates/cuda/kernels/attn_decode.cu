@@ -193,8 +193,11 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
     // past its last tile read: the tile region takes the position groups' partial o.
     cp_async_wait<0>();
     __syncthreads();
-    _Pragma("unroll") for (int g = 0; g < G; g++)
-        _Pragma("unroll") for (int j = 0; j < 8; j++) red[(pl * G + g) * D + part * 8 + j] = o[g][j];
+    _Pragma("unroll") for (int g = 0; g < G; g++) {
+        float4* rg = (float4*)(red + (pl * G + g) * D + part * 8);
+        rg[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+        rg[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+    }
     __syncthreads();
     for (int i = tid; i < G * D; i += AD_THREADS) {
         int g = i / D, d = i % D;

@@ -1,7 +1,7 @@
 //! The streamed decode attention (`kernels/attn_decode.cu`, `Gpu::set_attn_v2`) against its
 //! twins: the host reference (f64 over the f16-rounded cache) and the split kernel
-//! (`attn_split`, the setting off), on depths 1, 3, 7, 33, 1023, 4097 and 16500 (tile and
-//! split tails, every split length), head sizes 64/128/256, GQA groups 1/3/4/8, sliding
+//! (`attn_split`, the setting off), on depths 1, 3, 7, 33, 1023, 4097, 9000 and 16500 (tile
+//! and split tails, splits of 32, 64, 128 and 256 positions), head sizes 64/128/256, GQA groups 1/3/4/8, sliding
 //! windows, private caches and the shared paged pool (blocks of 16 and 5: rows of one tile in
 //! several blocks); a paged row gives the bits it gets alone, and a graph replay the bits of
 //! eager launches.
@@ -41,7 +41,7 @@ const HOST_TOL: f32 = 2e-4;
 const TWIN_TOL: f32 = 1e-5;
 
 /// Decode depths (positions the query sees, itself included).
-const DEPTHS: [usize; 7] = [1, 3, 7, 33, 1023, 4097, 16500];
+const DEPTHS: [usize; 8] = [1, 3, 7, 33, 1023, 4097, 9000, 16500];
 
 /// Deterministic pseudo-random floats in [-1, 1) (an xorshift).
 fn randn(n: usize, seed: u64) -> Vec<f32> {
@@ -162,6 +162,16 @@ impl Acts {
     }
 }
 
+/// Turns the streamed kernel on (and checks that the device took it) or off.
+fn streamed(g: &Gpu, on: bool) {
+    g.set_attn_v2(on);
+    assert_eq!(
+        g.attn_v2(),
+        on,
+        "the device refused the streamed kernel's shared memory"
+    );
+}
+
 /// One pass of rows `pos0..pos0 + n` of `s` over its private cache `kv`.
 fn lone_pass(g: &Gpu, s: &Seq, kv: &DevKv, acts: &Acts, pos0: usize, n: usize, p: AttnParams) {
     acts.fill(g, &[(s, pos0, n)]);
@@ -231,23 +241,23 @@ fn streamed_decode_matches_host_and_split_kernel() {
             for &depth in &DEPTHS {
                 let pos = depth - 1;
                 let what = format!("heads {n_head}/{n_kv} hd {hd} {p:?} depth {depth}");
-                g.set_attn_v2(true);
+                streamed(&g, true);
                 let new = lone_decode(&g, &s, &kv, pos, p);
-                g.set_attn_v2(false);
+                streamed(&g, false);
                 let old = lone_decode(&g, &s, &kv, pos, p);
                 close(&new, &old, TWIN_TOL, &format!("{what}: streamed vs split"));
                 close(&new, &s.host(pos, p), HOST_TOL, &format!("{what}: vs host"));
             }
         }
     }
-    g.set_attn_v2(false);
+    streamed(&g, false);
 }
 
 #[test]
 fn streamed_decode_graph_replays_match_eager_launches() {
     let Some(g) = gpu() else { return };
     let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    g.set_attn_v2(true);
+    streamed(&g, true);
     // Depth 4100 takes 64-position splits; 8 steps replay the graph captured at the first.
     let (start, steps) = (4100usize, 8usize);
     for (n_head, n_kv, hd, window) in [(6usize, 2usize, 128usize, 0usize), (8, 1, 64, 300)] {
@@ -281,7 +291,7 @@ fn streamed_decode_graph_replays_match_eager_launches() {
             close(a, &s.host(start + i, p), HOST_TOL, "graphed decode vs host");
         }
     }
-    g.set_attn_v2(false);
+    streamed(&g, false);
 }
 
 /// Block tables for sequences of `lengths` over a pool of `n_blocks` blocks of `bs`, handed
@@ -383,14 +393,14 @@ fn streamed_paged_decode_matches_lone_rows_bit_for_bit() {
             .collect();
         let w = n_head * hd;
         for bs in [16usize, 5] {
-            g.set_attn_v2(true);
+            streamed(&g, true);
             let graphed = paged_decodes(&g, &seqs, &depths, bs, steps, p);
             g.set_graphs(false);
             let eager = paged_decodes(&g, &seqs, &depths, bs, steps, p);
             g.set_graphs(true);
-            g.set_attn_v2(false);
+            streamed(&g, false);
             let split = paged_decodes(&g, &seqs, &depths, bs, steps, p);
-            g.set_attn_v2(true);
+            streamed(&g, true);
             for t in 0..steps {
                 let what = format!("heads {n_head}/{n_kv} hd {hd} window {window} bs {bs}");
                 assert!(
@@ -428,5 +438,5 @@ fn streamed_paged_decode_matches_lone_rows_bit_for_bit() {
             }
         }
     }
-    g.set_attn_v2(false);
+    streamed(&g, false);
 }

@@ -84,6 +84,11 @@ impl Gpu {
             .store(on && self.attn_v2_ok, Ordering::Relaxed);
     }
 
+    /// Whether decode attention takes the streamed kernel (where it serves the head size).
+    pub fn attn_v2(&self) -> bool {
+        self.attn_v2_enabled.load(Ordering::Relaxed)
+    }
+
     /// The streamed decode kernel's variant for head size `hd`, when it is on and serves it.
     pub(super) fn attn_v2_variant(&self, hd: usize) -> Option<usize> {
         if self.attn_v2_enabled.load(Ordering::Relaxed) {

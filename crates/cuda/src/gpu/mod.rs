@@ -46,7 +46,7 @@ use recorder::Recorder;
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
 /// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
 /// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
-/// batched pass over the shared paged KV pool, built from the other files' device functions)
+/// batched pass over the shared paged KV pool, built from the other files' device functions),
 /// `gemv_batch.cu` (the GEMV of a decode batch) and `attn_decode.cu` (the streamed split-K
 /// decode attention, `cp.async` tiles of K and V for a whole GQA group).
 pub const SOURCE: &str = concat!(
