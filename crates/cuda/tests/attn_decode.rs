@@ -440,3 +440,65 @@ fn streamed_paged_decode_matches_lone_rows_bit_for_bit() {
     }
     streamed(&g, false);
 }
+
+/// Median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Dev benchmark (ignored; run on the GPU machine with `--ignored --nocapture`): the decode
+/// attention of a synthetic Llama 3.2 3B step (28 layers, 24 query heads, 8 KV heads of 128)
+/// at depths 4096 and 16384, split kernel and streamed kernel interleaved over 5 rounds, as
+/// graphed passes of 28 `rope_attention` calls (cache write, split, combine). Prints µs per
+/// layer and the K/V bytes read per second. Cache contents are not initialized (timing only).
+#[test]
+#[ignore]
+fn bench_decode_attention_3b_shape() {
+    let Some(g) = gpu() else { return };
+    let _l = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let (n_layer, n_head, n_kv, hd) = (28usize, 24usize, 8usize, 128usize);
+    let deepest = 16384;
+    let kv = g.kv(n_layer, deepest + 1, n_kv, hd, n_head).unwrap();
+    let s = Seq::new(n_head, n_kv, hd, 1, 5);
+    let acts = Acts::new(&g, &s, 1);
+    acts.fill(&g, &[(&s, 0, 1)]);
+    let [q, k, v, o] = &acts.0;
+    let passes = 40;
+    let run = |pos: usize| -> f64 {
+        let t = std::time::Instant::now();
+        for _ in 0..passes {
+            g.begin(1, pos).unwrap();
+            for layer in 0..n_layer {
+                g.rope_attention_with(&kv, layer, pos, q, k, v, o, None, AttnParams::default())
+                    .unwrap();
+            }
+            g.end().unwrap();
+        }
+        g.sync().unwrap();
+        t.elapsed().as_secs_f64() / (passes * n_layer) as f64
+    };
+    println!("| depth | kernel | us/layer | K+V TB/s |");
+    println!("| ---: | --- | ---: | ---: |");
+    for depth in [4096usize, deepest] {
+        let pos = depth - 1;
+        let bytes = (2 * n_kv * depth * hd * 2) as f64;
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..5 {
+            for (i, on) in [false, true].into_iter().enumerate() {
+                streamed(&g, on);
+                run(pos); // capture the graph
+                times[i].push(run(pos));
+            }
+        }
+        for (i, name) in ["attn_split", "attn_decode"].into_iter().enumerate() {
+            let t = median(&mut times[i]);
+            println!(
+                "| {depth} | {name} | {:.1} | {:.2} |",
+                t * 1e6,
+                bytes / t / 1e12
+            );
+        }
+    }
+    streamed(&g, false);
+}

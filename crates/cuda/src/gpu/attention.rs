@@ -33,8 +33,8 @@ const AD_TILE: usize = 32;
 /// Stages of the streamed decode kernel's K/V tile ring for head size `d` (its `AD_STAGES`).
 fn attn_decode_stages(d: usize) -> usize {
     match d {
-        ..=64 => 4,
-        ..=128 => 3,
+        0..=64 => 4,
+        65..=128 => 3,
         _ => 2,
     }
 }
