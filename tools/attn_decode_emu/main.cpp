@@ -138,6 +138,10 @@ int main() {
     bad += check<64, 4, true>(2, 261, 64, 40, 16, 9);
     bad += check<128, 1, false>(1, 3, 32, 2, 1, 10);
     bad += check<128, 6, false>(1, 530, 256, 300, 1, 11);
+    bad += check<64, 2, true>(3, 64, 32, 0, 1, 12);      // blocks of one slot, depth = 2 splits
+    bad += check<128, 5, false>(1, 65, 32, 1, 1, 13);    // window 1: the query's own row only
+    bad += check<256, 7, true>(1, 257, 256, 0, 16, 14);  // one row past a full split
+    bad += check<128, 2, true>(2, 129, 64, 64, 5, 15);   // window = chunk
     printf(bad ? "%d FAILED\n" : "all ok\n", bad);
     return bad;
 }
