@@ -52,6 +52,10 @@ pub struct KernelSettings {
     pub cuda_mmq: bool,
     /// CUDA: prompt attention on tensor cores. `DAMASCUS_CUDA_FLASH` (0: off).
     pub cuda_flash: bool,
+    /// CUDA: decode attention on the streamed kernel (`cp.async` K/V tiles for a whole GQA
+    /// group, online softmax per split) for head sizes 64/128/256 instead of the split
+    /// kernel. `DAMASCUS_CUDA_ATTN_V2` (1: on).
+    pub cuda_attn_v2: bool,
     /// CUDA: decode batches of 2..16 tokens on the batched GEMV (one weight load per 8
     /// tokens). `DAMASCUS_CUDA_GEMV_BATCH` (0: off).
     pub cuda_gemv_batch: bool,
@@ -89,6 +93,7 @@ impl Default for KernelSettings {
             cuda_graphs: true,
             cuda_mmq: false,
             cuda_flash: true,
+            cuda_attn_v2: false,
             cuda_gemv_batch: true,
             cuda_profile: false,
             cuda_gemv_rows: None,
@@ -122,7 +127,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 19] = [
+    pub const VARS: [(&'static str, &'static str); 20] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -163,6 +168,10 @@ impl KernelSettings {
         (
             "DAMASCUS_CUDA_FLASH",
             "0: CUDA prompt attention on CUDA cores",
+        ),
+        (
+            "DAMASCUS_CUDA_ATTN_V2",
+            "1: CUDA decode attention on the streamed kernel",
         ),
         (
             "DAMASCUS_CUDA_GEMV_BATCH",
@@ -216,6 +225,7 @@ impl KernelSettings {
             cuda_graphs: !off("DAMASCUS_CUDA_GRAPHS"),
             cuda_mmq: val("DAMASCUS_CUDA_MMQ").is_some_and(|v| v == "1"),
             cuda_flash: !off("DAMASCUS_CUDA_FLASH"),
+            cuda_attn_v2: val("DAMASCUS_CUDA_ATTN_V2").is_some_and(|v| v == "1"),
             cuda_gemv_batch: !off("DAMASCUS_CUDA_GEMV_BATCH"),
             cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
             cuda_gemv_rows: num("DAMASCUS_CUDA_GEMV_ROWS")?,
@@ -284,10 +294,11 @@ mod tests {
             ("DAMASCUS_PREFETCH", "0"),
             ("DAMASCUS_AMX_THREADS", "8"),
             ("DAMASCUS_PROFILE", "1"),
+            ("DAMASCUS_CUDA_ATTN_V2", "1"),
         ]))
         .unwrap();
         assert_eq!(s.isa, Some(Isa::Avx2));
-        assert!(!s.gemm && s.int8 && !s.repack && s.profile);
+        assert!(!s.gemm && s.int8 && !s.repack && s.profile && s.cuda_attn_v2);
         assert_eq!((s.prefetch, s.amx_threads), (Some(0), Some(8)));
         let e = KernelSettings::from_vars(env(&[("DAMASCUS_PREFETCH", "lots")])).unwrap_err();
         assert!(e.to_string().contains("DAMASCUS_PREFETCH"));

@@ -5,15 +5,20 @@
 //! `kernels/flash.cu`) or on CUDA cores (`attn_prefill_*`, the fallback when the flash path is
 //! off). Every cache-reading kernel has an f16 and a q8_0 (`_q8`) instantiation of one device
 //! function, reading rows through the kernels' `kv_load`.
+//! Decode takes the streamed kernel (`attn_decode_*`, `kernels/attn_decode.cu`) on an f16
+//! cache for head sizes 64/128/256 when [`Gpu::set_attn_v2`] turns it on, else `attn_split_*`
+//! (its twin); both feed one combine.
 
 use std::sync::atomic::Ordering;
 
 use super::Gpu;
 use super::buffers::{ATT_CHUNK_MIN, DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
-    AttnCombine, AttnFlash, AttnPrefill, AttnSplit, Ptr, Rope, RopeKv, attn_variant, head_variant,
+    AttnCombine, AttnDecode, AttnFlash, AttnPrefill, AttnSplit, Ptr, Rope, RopeKv, attn_variant,
+    decode_variant, head_variant,
 };
 use super::ops::div_ceil_u32;
+use crate::KvElem;
 use crate::error::CudaError;
 
 /// Threads of a decode split block (the kernel's `ATT_THREADS`).
@@ -24,6 +29,30 @@ const ATT_CHUNK_MAX: usize = 256;
 /// `FA_ROWS`, four warps of 16 rows).
 pub(super) const FA_ROWS: usize = 64;
 pub(super) const FA_THREADS: u32 = 128;
+
+/// Threads of a streamed decode block (the kernel's `AD_THREADS`).
+pub(super) const AD_THREADS: u32 = 128;
+/// Positions per K/V tile of the streamed decode kernel (its `AD_TILE`).
+const AD_TILE: usize = 32;
+
+/// Stages of the streamed decode kernel's K/V tile ring for head size `d` (its `AD_STAGES`).
+fn attn_decode_stages(d: usize) -> usize {
+    match d {
+        0..=64 => 4,
+        65..=128 => 3,
+        _ => 2,
+    }
+}
+
+/// Dynamic shared memory of one streamed decode block for head size `d` (the kernel's
+/// `AD_REGION(D)` plus the weights `[MAX_GROUP][AD_TILE]` and corrections `[MAX_GROUP]`, f32):
+/// the ring of K and V tiles `[stages][2][AD_TILE][d]` f16, or the position groups' partial
+/// outputs `[MAX_GROUP]` × 4 KiB f32, whichever is larger.
+pub(super) fn attn_decode_smem(d: usize) -> u32 {
+    let ring = attn_decode_stages(d) * 2 * AD_TILE * d * 2;
+    let region = ring.max(MAX_GROUP * AD_THREADS as usize * 8 * 4);
+    (region + (MAX_GROUP * AD_TILE + MAX_GROUP) * 4) as u32
+}
 
 /// Options of one attention call beyond its shapes.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -52,6 +81,28 @@ pub(super) fn flash_smem(d: usize) -> u32 {
 }
 
 impl Gpu {
+    /// Turns the streamed decode attention (`kernels/attn_decode.cu`) on or off (off at
+    /// first; `KernelSettings::cuda_attn_v2`). It serves head sizes 64, 128 and 256; others,
+    /// and a device that cannot give it its shared memory, keep `attn_split`.
+    pub fn set_attn_v2(&self, on: bool) {
+        self.attn_v2_enabled
+            .store(on && self.attn_v2_ok, Ordering::Relaxed);
+    }
+
+    /// Whether decode attention takes the streamed kernel (where it serves the head size).
+    pub fn attn_v2(&self) -> bool {
+        self.attn_v2_enabled.load(Ordering::Relaxed)
+    }
+
+    /// The streamed decode kernel's variant for head size `hd`, when it is on and serves it.
+    pub(super) fn attn_v2_variant(&self, hd: usize, elem: KvElem) -> Option<usize> {
+        if elem == KvElem::F16 && self.attn_v2_enabled.load(Ordering::Relaxed) {
+            decode_variant(hd)
+        } else {
+            None
+        }
+    }
+
     /// Rotates `x` `[n, n_head, head_dim]` in place at positions `pos0 + t` (from `begin`).
     pub fn rope(
         &self,
@@ -218,26 +269,47 @@ impl Gpu {
             let chunk = decode_chunk(pos0 + 1);
             let n_split = kv.n_ctx.div_ceil(chunk);
             debug_assert!(n_split <= kv.max_split);
-            self.push(
-                AttnSplit {
-                    variant: kvv,
-                    q: q.x.ptr,
-                    kc,
-                    vc,
-                    inputs,
-                    part_o: kv.part_o.ptr,
-                    part_ml: kv.part_ml.ptr,
-                    n_head: n_head as i32,
-                    group: group as i32,
-                    n_ctx: kv.n_ctx as i32,
-                    n_split: n_split as i32,
-                    chunk: chunk as i32,
-                    scale,
-                    window,
-                },
-                [n_kv as u32, n_split as u32, 1],
-                [ATT_THREADS, 1, 1],
-            );
+            let split = AttnSplit {
+                variant: kvv,
+                q: q.x.ptr,
+                kc,
+                vc,
+                inputs,
+                part_o: kv.part_o.ptr,
+                part_ml: kv.part_ml.ptr,
+                n_head: n_head as i32,
+                group: group as i32,
+                n_ctx: kv.n_ctx as i32,
+                n_split: n_split as i32,
+                chunk: chunk as i32,
+                scale,
+                window,
+            };
+            let grid = [n_kv as u32, n_split as u32, 1];
+            match self.attn_v2_variant(hd, kv.elem) {
+                Some(v) => self.push_smem(
+                    AttnDecode {
+                        variant: v,
+                        q: split.q,
+                        kc,
+                        vc,
+                        inputs,
+                        part_o: split.part_o,
+                        part_ml: split.part_ml,
+                        n_head: split.n_head,
+                        group: split.group,
+                        n_ctx: split.n_ctx,
+                        n_split: split.n_split,
+                        chunk: split.chunk,
+                        scale,
+                        window,
+                    },
+                    grid,
+                    [AD_THREADS, 1, 1],
+                    attn_decode_smem(hd),
+                ),
+                None => self.push(split, grid, [ATT_THREADS, 1, 1]),
+            }
             // The combine quantizes whole warps of one head: a head under 32 dims leaves the
             // shadow stale (re-made from f32 by the next GEMV).
             let do_q = out.q.is_some() && hd >= 32;
@@ -321,6 +393,19 @@ mod tests {
         assert_eq!(decode_chunk(1 << 20), 256);
         for n in [1, 33, 1000, 5000, 70000] {
             assert!(decode_chunk(n).is_power_of_two());
+        }
+    }
+
+    #[test]
+    fn attn_decode_smem_fits_every_head_size_and_group() {
+        // The ring of K and V tiles (4 x 8 KiB, 3 x 16 KiB, 2 x 32 KiB), or 4 KiB of partial
+        // output per head of a full group.
+        assert_eq!(attn_decode_smem(64), 32768 + 1056);
+        assert_eq!(attn_decode_smem(128), 49152 + 1056);
+        assert_eq!(attn_decode_smem(256), 65536 + 1056);
+        for d in super::super::launch::DECODE_HEAD_DIMS {
+            // Under the 227 KiB a Hopper block may take, and several blocks per SM.
+            assert!(attn_decode_smem(d) <= 227 * 1024 / 3, "head size {d}");
         }
     }
 }

@@ -273,6 +273,24 @@ pub(crate) const ATTN_FLASH_PAGED: [&str; 11] = [
     "attn_flash_paged_256_q8",
 ];
 
+/// Head sizes the streamed decode attention (`kernels/attn_decode.cu`) is instantiated for, in
+/// variant order; other sizes run [`ATTN_SPLIT`].
+pub(crate) const DECODE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// The streamed decode attention, indexed by [`decode_variant`].
+pub(crate) const ATTN_DECODE: [&str; 3] = ["attn_decode_64", "attn_decode_128", "attn_decode_256"];
+/// Its paged twins (a batched pass's decode rows over the shared pool).
+pub(crate) const ATTN_DECODE_PAGED: [&str; 3] = [
+    "attn_decode_paged_64",
+    "attn_decode_paged_128",
+    "attn_decode_paged_256",
+];
+
+/// The variant of the streamed decode attention ([`DECODE_HEAD_DIMS`]), `None` for other
+/// head sizes.
+pub(crate) fn decode_variant(head_dim: usize) -> Option<usize> {
+    DECODE_HEAD_DIMS.iter().position(|&d| d == head_dim)
+}
+
 /// The variant of a per-head-size attention kernel ([`HEAD_DIMS`]), `None` for other sizes.
 pub(crate) fn head_variant(head_dim: usize) -> Option<usize> {
     HEAD_DIMS.iter().position(|&d| d == head_dim)
@@ -414,6 +432,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "attn_flash_paged_96_q8",
     "attn_flash_paged_128_q8",
     "attn_flash_paged_256_q8",
+    "attn_decode_64",
+    "attn_decode_128",
+    "attn_decode_256",
+    "attn_decode_paged_64",
+    "attn_decode_paged_128",
+    "attn_decode_paged_256",
 ];
 
 kernels! {
@@ -519,6 +543,17 @@ kernels! {
         q: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, table: Ptr, bs: i32, out: Ptr, n_tok: i32,
         n_head: i32, group: i32, n_ctx: i32, scale: f32, window: i32,
     }
+    /// Streamed decode attention ([`AttnSplit`]'s arguments and partials; `cp.async` K/V
+    /// tiles for the whole GQA group, online softmax within the split).
+    AttnDecode in ATTN_DECODE {
+        q: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, part_o: Ptr, part_ml: Ptr, n_head: i32,
+        group: i32, n_ctx: i32, n_split: i32, chunk: i32, scale: f32, window: i32,
+    }
+    /// [`AttnDecode`] for the decode rows of a batched pass ([`AttnSplitPaged`]'s arguments).
+    AttnDecodePaged in ATTN_DECODE_PAGED {
+        q: Ptr, kc: Ptr, vc: Ptr, bat: Ptr, part_o: Ptr, part_ml: Ptr, n_head: i32, group: i32,
+        n_ctx: i32, n_split: i32, scale: f32, window: i32, bs: i32, n_tok: i32,
+    }
     /// Greedy pick per row.
     ArgmaxRows = "argmax_rows" { x: Ptr, width: i32, out: Ptr }
 }
@@ -593,6 +628,8 @@ mod tests {
             &ATTN_FLASH_PAGED,
             &ROPE_KV,
             &ROPE_KV_PAGED,
+            &ATTN_DECODE,
+            &ATTN_DECODE_PAGED,
         ] {
             for k in list {
                 assert!(KERNELS.contains(k), "{k} missing from KERNELS");

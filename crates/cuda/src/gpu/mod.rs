@@ -47,15 +47,17 @@ use recorder::Recorder;
 /// `kv_quant.cu` (the cache write into a q8_0 KV cache),
 /// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
 /// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
-/// batched pass over the shared paged KV pool, built from the other files' device functions)
-/// and `gemv_batch.cu` (the GEMV of a decode batch).
+/// batched pass over the shared paged KV pool, built from the other files' device functions),
+/// `gemv_batch.cu` (the GEMV of a decode batch) and `attn_decode.cu` (the streamed split-K
+/// decode attention, `cp.async` tiles of K and V for a whole GQA group).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
     include_str!("../../kernels/kv_quant.cu"),
     include_str!("../../kernels/mmq.cu"),
     include_str!("../../kernels/flash.cu"),
     include_str!("../../kernels/paged.cu"),
-    include_str!("../../kernels/gemv_batch.cu")
+    include_str!("../../kernels/gemv_batch.cu"),
+    include_str!("../../kernels/attn_decode.cu")
 );
 
 /// Prompts of at least this many tokens multiply through cuBLAS (bf16 tensor cores, weights
@@ -111,6 +113,11 @@ pub struct Gpu {
     two_level_qkv: AtomicBool,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
+    /// Decode attention on the streamed kernel (`attn_decode_*`; off at first,
+    /// [`Gpu::set_attn_v2`]).
+    attn_v2_enabled: AtomicBool,
+    /// The device gave every streamed decode kernel its shared memory.
+    attn_v2_ok: bool,
     /// Per-op GPU times ([`Gpu::open_with`]), printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
@@ -272,6 +279,7 @@ impl Gpu {
         let mut funcs = Vec::with_capacity(KERNELS.len());
         let mut index = HashMap::new();
         let mut flash_ok = true;
+        let mut attn_v2_ok = true;
         for (i, &k) in KERNELS.iter().enumerate() {
             let f = module.load_function(k).map_err(call(k))?;
             if let Some(d) = k.strip_prefix("attn_flash_") {
@@ -280,6 +288,18 @@ impl Gpu {
                 // prompt attention instead.
                 let smem = d.parse().map_or(0, attention::flash_smem);
                 flash_ok &= f
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .is_ok();
+            }
+            if let Some(d) = k.strip_prefix("attn_decode_") {
+                // Past 48 KiB of dynamic shared memory only when the kernel asks for it; a
+                // device that refuses keeps the split kernel for decode.
+                let d = d.trim_start_matches("paged_");
+                let smem = d.parse().map_or(0, attention::attn_decode_smem);
+                attn_v2_ok &= f
                     .set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         smem as i32,
@@ -312,6 +332,8 @@ impl Gpu {
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,
+            attn_v2_enabled: AtomicBool::new(false),
+            attn_v2_ok,
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,

@@ -16,11 +16,14 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 use super::Gpu;
-use super::attention::{ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, decode_chunk, flash_smem};
+use super::attention::{
+    AD_THREADS, ATT_THREADS, AttnParams, FA_ROWS, FA_THREADS, attn_decode_smem, decode_chunk,
+    flash_smem,
+};
 use super::buffers::{DevAct, DevKv, DevVec, MAX_GROUP};
 use super::launch::{
-    AttnCombinePaged, AttnFlashPaged, AttnPrefillPaged, AttnSplitPaged, Ptr, RopeKvPaged,
-    attn_variant, head_variant,
+    AttnCombinePaged, AttnDecodePaged, AttnFlashPaged, AttnPrefillPaged, AttnSplitPaged, Ptr,
+    RopeKvPaged, attn_variant, head_variant,
 };
 use super::ops::div_ceil_u32;
 use super::recorder::Op;
@@ -291,27 +294,51 @@ impl Gpu {
         // shadow stale (re-made from f32 by the next GEMV).
         let do_q = out.q.is_some() && hd >= 32;
         if bt.n_dec > 0 {
-            self.push(
-                AttnSplitPaged {
-                    variant: kvv,
-                    q: q.x.ptr,
-                    kc,
-                    vc,
-                    bat,
-                    part_o,
-                    part_ml,
-                    n_head: n_head as i32,
-                    group: group as i32,
-                    n_ctx: kv.n_ctx as i32,
-                    n_split: n_split as i32,
-                    scale,
-                    window,
-                    bs: block_size as i32,
-                    n_tok: n as i32,
-                },
-                [n_kv as u32, n_split as u32, bt.n_dec as u32],
-                [ATT_THREADS, 1, 1],
-            );
+            let split = AttnSplitPaged {
+                variant: kvv,
+                q: q.x.ptr,
+                kc,
+                vc,
+                bat,
+                part_o,
+                part_ml,
+                n_head: n_head as i32,
+                group: group as i32,
+                n_ctx: kv.n_ctx as i32,
+                n_split: n_split as i32,
+                scale,
+                window,
+                bs: block_size as i32,
+                n_tok: n as i32,
+            };
+            let grid = [n_kv as u32, n_split as u32, bt.n_dec as u32];
+            // The streamed kernel where it serves this head size (the same splits and
+            // partials, so a row keeps the bits it gets alone), else the split kernel.
+            match self.attn_v2_variant(hd, kv.elem) {
+                Some(v) => self.push_smem(
+                    AttnDecodePaged {
+                        variant: v,
+                        q: split.q,
+                        kc,
+                        vc,
+                        bat,
+                        part_o,
+                        part_ml,
+                        n_head: split.n_head,
+                        group: split.group,
+                        n_ctx: split.n_ctx,
+                        n_split: split.n_split,
+                        scale,
+                        window,
+                        bs: split.bs,
+                        n_tok: split.n_tok,
+                    },
+                    grid,
+                    [AD_THREADS, 1, 1],
+                    attn_decode_smem(hd),
+                ),
+                None => self.push(split, grid, [ATT_THREADS, 1, 1]),
+            }
             let (oq, ods) = out.q8_ptrs();
             self.push(
                 AttnCombinePaged {

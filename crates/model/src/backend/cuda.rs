@@ -75,6 +75,7 @@ impl CudaBackend {
         );
         gpu.set_mmq(settings.cuda_mmq);
         gpu.set_flash(settings.cuda_flash);
+        gpu.set_attn_v2(settings.cuda_attn_v2);
         gpu.set_gemv_batch(settings.cuda_gemv_batch);
         if let Some(rows) = settings.cuda_gemv_rows {
             gpu.set_gemv_rows(rows);
