@@ -36,6 +36,34 @@ typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90+). A kernel the host launches with the programmatic
+// stream-serialization attribute (`DAMASCUS_CUDA_PDL=1`) may start while the kernel before it
+// drains; `PDL_WAIT()` then blocks until that kernel has completed and its writes are
+// visible, so every such kernel runs it before touching anything another kernel writes (and
+// before its own writes). Every thread of it runs `PDL_WAIT()` before its first early return
+// too, so the grid never completes before the one it waited for: the chain stays transitive.
+// `PDL_TRIGGER()` lets the next kernel's blocks launch early. Without the attribute (or below
+// sm_90) both are no-ops, so results are the same bits either way. The host launches a
+// kernel with the attribute only where its PTX holds `griddepcontrol.wait`.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT() \
+    do {           \
+    } while (0)
+#define PDL_TRIGGER() \
+    do {              \
+    } while (0)
+#endif
+// The prologue of a small kernel: the next kernel may launch at once (it waits in turn), then
+// this one waits for its inputs. One line at the top of a kernel.
+#define PDL_START() \
+    do {            \
+        PDL_TRIGGER(); \
+        PDL_WAIT(); \
+    } while (0)
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -88,6 +116,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
 
 // x [n_blocks * 32] f32 -> q8. One warp per 32-block.
 extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_blocks) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int lane = threadIdx.x & 31;
@@ -98,6 +127,7 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
 // that x ≈ d₁q₁ + d₂q₂ (the Q/K/V projections' inputs). One warp per 32-block.
 extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const float2* ds,
                                            i8* q2, float2* ds2, int n_blocks) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int lane = threadIdx.x & 31;
@@ -112,6 +142,7 @@ extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const fl
 // a prompt gives each token one block (no row read more than twice).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
                                     i8* q, float2* ds, int width, int do_q) {
+    PDL_START();
     __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (u64)t * width;
@@ -140,6 +171,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
 // per 32-block.
 extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
                                   int do_q) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
@@ -153,6 +185,7 @@ extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* d
 // 0). One warp per 32-block.
 extern "C" __global__ void geglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
                                  int do_q) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
@@ -164,6 +197,7 @@ extern "C" __global__ void geglu(float* gate, const float* up, i8* q, float2* ds
 
 // x[t, i] += b[i]: x [n / width, width].
 extern "C" __global__ void add_bias(float* x, const float* b, int width, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % width];
 }
@@ -172,6 +206,7 @@ extern "C" __global__ void add_bias(float* x, const float* b, int width, int n) 
 // One warp per row.
 extern "C" __global__ void rms_norm_heads(float* x, const float* w, float eps, int n_rows,
                                           int head_dim) {
+    PDL_START();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= n_rows) return;
     int lane = threadIdx.x & 31;
@@ -185,24 +220,28 @@ extern "C" __global__ void rms_norm_heads(float* x, const float* w, float eps, i
 
 // x *= s over n elements.
 extern "C" __global__ void scale_act(float* x, float s, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 // x = cap * tanh(x / cap) over n elements (logit soft-capping).
 extern "C" __global__ void softcap(float* x, float cap, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // x += y over n elements.
 extern "C" __global__ void add(float* x, const float* y, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // f32 -> bf16 over n elements (the GEMM's activation operand).
 extern "C" __global__ void to_bf16(const float* x, u16* y, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
@@ -211,6 +250,7 @@ extern "C" __global__ void to_bf16(const float* x, u16* y, int n) {
 // rotated pair; neox selects the (i, i + half) pairing instead of (2i, 2i + 1).
 extern "C" __global__ void rope(float* x, const u32* inputs, const float* inv_freq, int n_tok,
                                 int n_head, int head_dim, int half, int neox) {
+    PDL_START();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int per_tok = n_head * half;
     if (idx >= n_tok * per_tok) return;
@@ -279,6 +319,7 @@ extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16
                                    const u32* inputs, const float* inv_freq, int n_tok,
                                    int n_head, int n_kv, int head_dim, int half, int neox,
                                    int n_ctx) {
+    PDL_START();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int pairs = head_dim >> 1;
     int per_tok = (n_head + n_kv) * pairs;
@@ -596,11 +637,52 @@ __device__ __forceinline__ float row_dot(const u8* w, u64 off1, u64 off2, u64 ro
 // Up to three matrices of one format against the same x in one launch (Q/K/V, gate/up): blocks
 // [0, nb0) take matrix 0, the next nb1 matrix 1, then matrix 2 (nb_i = ceil(rows_i / warps)),
 // a warp per row. acc = 1 adds into out (the residual add of an output projection).
+// Bytes of one weight row in plane `plane` (0..2) of format FMT (0: the plane is absent).
 template <int FMT>
-__device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const u8* w1,
-                     u64 a1, u64 b1, int rows1, float* out1, const u8* w2, u64 a2, u64 b2,
-                     int rows2, float* out2, int cols, const i8* xq, const float2* xds,
-                     const float* xf, const i8* xq2, const float2* xds2, int acc) {
+__device__ __forceinline__ u64 plane_row_bytes(int plane, int cols) {
+    u64 b32 = (u64)(cols >> 5), b256 = (u64)(cols >> 8);
+    if (FMT == FMT_Q4K) return plane == 0 ? b256 * 144 : 0;
+    if (FMT == FMT_Q41) return plane == 0 ? b32 * 20 : 0;
+    if (FMT == FMT_Q80) return plane == 0 ? b32 * 32 : plane == 1 ? b32 * 2 : 0;
+    if (FMT == FMT_Q50) return plane == 0 ? b32 * 16 : plane == 1 ? b32 * 4 : b32 * 2;
+    if (FMT == FMT_Q6K) return plane == 0 ? b256 * 192 : plane == 1 ? b256 * 16 : b256 * 2;
+    return plane == 0 ? (u64)cols * 2 : 0;
+}
+
+// Asks L2 for weight rows [row0, row1) of w (every plane), the block's threads taking the
+// 128-byte lines in turn. Weights are never written, so a GEMV issues this before PDL_WAIT():
+// its weight stream starts while the kernel before it drains. Only a hint: no result depends
+// on it.
+template <int FMT>
+__device__ __forceinline__ void prefetch_rows(const u8* w, u64 off1, u64 off2, int row0,
+                                              int row1, int cols) {
+    if (row1 <= row0) return;
+    for (int plane = 0; plane < 3; plane++) {
+        u64 rb = plane_row_bytes<FMT>(plane, cols);
+        if (rb == 0) continue;
+        const u8* base = w + (plane == 0 ? 0 : plane == 1 ? off1 : off2);
+        u64 lo = (u64)(base + rb * row0), hi = (u64)(base + rb * row1);
+        for (u64 a = (lo & ~(u64)127) + 128 * threadIdx.x; a < hi; a += 128 * (u64)blockDim.x)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+}
+
+// A GEMV block's prologue: prefetch its weight rows when `pf`, then wait for the kernel
+// before (PDL), then let the next one launch. Every thread runs it, before any early return.
+template <int FMT>
+__device__ __forceinline__ void gemv_prologue(const u8* w, u64 off1, u64 off2, int row0,
+                                              int rows, int rpb, int cols, int pf) {
+    if (pf) prefetch_rows<FMT>(w, off1, off2, row0, min(rows, row0 + rpb), cols);
+    PDL_WAIT();
+    PDL_TRIGGER();
+}
+
+template <int FMT>
+__device__ __forceinline__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0,
+                                     const u8* w1, u64 a1, u64 b1, int rows1, float* out1,
+                                     const u8* w2, u64 a2, u64 b2, int rows2, float* out2,
+                                     int cols, const i8* xq, const float2* xds, const float* xf,
+                                     const i8* xq2, const float2* xds2, int acc, int pf) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
     int nb2 = (rows2 + rpb - 1) / rpb;
@@ -621,6 +703,7 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
         blk -= nb0;
         w = w1, off1 = a1, off2 = b1, rows = rows1, out = out1;
     }
+    gemv_prologue<FMT>(w, off1, off2, blk * rpb, rows, rpb, cols, pf && t == 0);
     int row = blk * rpb + (threadIdx.x >> 5);
     if (row >= rows) return;
     float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
@@ -636,16 +719,17 @@ __device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const
     const u8 *w0, u64 a0, u64 b0, int rows0, float *out0, const u8 *w1, u64 a1, u64 b1,        \
         int rows1, float *out1, const u8 *w2, u64 a2, u64 b2, int rows2, float *out2,          \
         int cols, const i8 *xq, const float2 *xds, const float *xf, const i8 *xq2,             \
-        const float2 *xds2, int acc
+        const float2 *xds2, int acc, int pf
 #define GEMV_ARGS                                                                              \
     w0, a0, b0, rows0, out0, w1, a1, b1, rows1, out1, w2, a2, b2, rows2, out2, cols, xq, xds,  \
-        xf, xq2, xds2, acc
+        xf, xq2, xds2, acc, pf
 
 #define INSTANTIATE(NAME, FMT)                                                                 \
     extern "C" __global__ void gemv_##NAME(GEMV_PARAMS) { gemv<FMT>(GEMV_ARGS); }              \
     extern "C" __global__ void dequant_##NAME(const u8* w, u64 off1, u64 off2, int rows,       \
                                               int cols, const u32* ids, float* out_f32,        \
                                               u16* out_bf16) {                                 \
+        PDL_START();                                                                           \
         dequant_rows<FMT>(w, off1, off2, rows, cols, ids, out_f32, out_bf16);                  \
     }
 
@@ -919,6 +1003,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                                               float2* part_ml, int n_head, int group,          \
                                               int n_ctx, int n_split, int chunk, float scale,  \
                                               int window) {                                    \
+        PDL_START();                                                                           \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         const u32* table = nullptr;                                                            \
         int bs = 1;                                                                            \
@@ -928,6 +1013,7 @@ __device__ void attn_prefill(const float* q, const u16* kc, const u16* vc, const
                                                 const u32* inputs, float* out, i8* q,          \
                                                 float2* ds, int n_split, int chunk, int do_q,  \
                                                 int window) {                                  \
+        PDL_START();                                                                           \
         attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, chunk, do_q, window);    \
     }                                                                                          \
     extern "C" __global__ void attn_prefill_##D(const float* q, const u16* kc, const u16* vc,  \
@@ -983,6 +1069,7 @@ __device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
     }
 }
 extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+    PDL_START();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     const float* row = x + (u64)blockIdx.x * width;

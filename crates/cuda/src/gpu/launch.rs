@@ -25,7 +25,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 23;
+pub(crate) const MAX_ARGS: usize = 24;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -105,6 +105,38 @@ pub(crate) trait Launch {
     fn name(&self) -> &'static str;
     /// The arguments in the kernel's parameter order.
     fn args(&self) -> Args;
+}
+
+/// The PTX instruction a kernel runs before it reads what the kernel before it wrote
+/// (`PDL_WAIT()` in `kernels/damascus.cu`).
+const GRID_WAIT: &str = "griddepcontrol.wait";
+
+/// Whether entry `name` of the module `ptx` runs [`GRID_WAIT`] (in its own body: the kernels
+/// spell it in the entry or in functions inlined into it). Only such a kernel may be launched
+/// with programmatic stream serialization: it may start before the kernel it depends on has
+/// finished, and waits for it there.
+pub(crate) fn waits_on_grid(ptx: &str, name: &str) -> bool {
+    let head = format!(".entry {name}(");
+    let Some(start) = ptx.find(&head) else {
+        return false;
+    };
+    let Some(open) = ptx[start..].find('{').map(|i| start + i) else {
+        return false;
+    };
+    let mut depth = 0usize;
+    for (i, c) in ptx[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return ptx[open..open + i].contains(GRID_WAIT);
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// `Name = "kernel" { field: Type, ... }` declares a launch of one kernel;
@@ -376,15 +408,16 @@ kernels! {
         q: Ptr, k: Ptr, v: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, inv_freq: Ptr, n_tok: i32,
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
-    /// Up to three GEMVs of one format over the same activation.
+    /// Up to three GEMVs of one format over the same activation; `prefetch`: each block asks
+    /// L2 for its weight rows before it waits on the kernel before it (PDL).
     Gemv in GEMV {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
-        acc: bool,
+        acc: bool, prefetch: bool,
     }
     /// [`Gemv`] for `n_tok` (2..16) tokens, each weight unit loaded once per 8 tokens.
     GemvBatch in GEMV_BATCH {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
-        acc: bool, n_tok: i32,
+        acc: bool, prefetch: bool, n_tok: i32,
     }
     /// Rows of a matrix dequantized to f32 and/or bf16.
     Dequant in DEQUANT {
@@ -478,9 +511,25 @@ mod tests {
             xq2: Ptr::NULL,
             xds2: Ptr::NULL,
             acc: false,
+            prefetch: true,
         };
         assert_eq!(g.name(), "gemv_q6k");
-        assert_eq!(g.args().n, 22);
+        assert_eq!(g.args().n, 23);
+        assert_eq!(g.args().v[22], 1);
+    }
+
+    #[test]
+    fn grid_wait_is_found_in_the_entry_body_only() {
+        let ptx = "\
+.visible .entry quiet(\n\t.param .u64 quiet_param_0\n)\n{\n\t{\n\t.reg .b32 t;\n\t}\n\tret;\n}\n\
+.visible .entry waits(\n\t.param .u64 waits_param_0\n)\n{\n\t{\n\t}\n\tgriddepcontrol.wait;\n\tret;\n}\n\
+.visible .entry wai(\n)\n{\n\tret;\n}\n";
+        assert!(waits_on_grid(ptx, "waits"));
+        // The next entry's wait is not this one's, and a name that is a prefix is not a match.
+        assert!(!waits_on_grid(ptx, "quiet"));
+        assert!(!waits_on_grid(ptx, "wai"));
+        assert!(!waits_on_grid(ptx, "missing"));
+        assert!(!waits_on_grid("garbage .entry waits( no body", "waits"));
     }
 
     #[test]

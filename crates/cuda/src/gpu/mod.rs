@@ -109,6 +109,15 @@ pub struct Gpu {
     two_level_qkv: AtomicBool,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
+    /// Kernels launch with programmatic stream serialization (PDL) where they may
+    /// ([`Gpu::set_pdl`]; off at first).
+    pdl_enabled: AtomicBool,
+    /// GEMV blocks prefetch their weight rows into L2 before they wait on the kernel before
+    /// (only while PDL is on; [`Gpu::set_pdl`]).
+    pdl_prefetch: AtomicBool,
+    /// Per kernel of [`KERNELS`]: its PTX waits on the grid before it (`PDL_WAIT()`), so it
+    /// may be launched with PDL. All false below sm_90.
+    pdl_ok: Vec<bool>,
     /// Per-op GPU times ([`Gpu::open_with`]), printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
@@ -264,6 +273,11 @@ impl Gpu {
         let total_mem = ctx.total_mem().unwrap_or(0);
         let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
         let ptx = ptx_for(arch)?;
+        // PDL needs sm_90 (the kernels compile `PDL_WAIT()` to nothing below it).
+        let pdl_ok: Vec<bool> = KERNELS
+            .iter()
+            .map(|k| cc.0 >= 9 && launch::waits_on_grid(&ptx, k))
+            .collect();
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(call("loading the kernels"))?;
@@ -310,6 +324,9 @@ impl Gpu {
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             flash_ok,
+            pdl_enabled: AtomicBool::new(false),
+            pdl_prefetch: AtomicBool::new(false),
+            pdl_ok,
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,

@@ -280,6 +280,7 @@ impl Gpu {
                         xq2,
                         xds2: ds2,
                         acc,
+                        prefetch: self.pdl_prefetch(),
                         n_tok: x.n as i32,
                     },
                     grid,
@@ -298,6 +299,7 @@ impl Gpu {
                     xq2,
                     xds2: ds2,
                     acc,
+                    prefetch: self.pdl_prefetch(),
                 },
                 // (row block, token), token fastest (the kernel's order).
                 [(blocks * x.n) as u32, 1, 1],

@@ -217,6 +217,28 @@ impl Gpu {
             .store(on && self.flash_ok, Ordering::Relaxed);
     }
 
+    /// Turns programmatic dependent launch on or off (off at first; stays off below sm_90 and
+    /// while profiling). On: a kernel whose code waits on the grid before it (`PDL_WAIT()`)
+    /// and that follows another kernel launches with programmatic stream serialization, so
+    /// its blocks start while that kernel drains (in graphs too: capture keeps the
+    /// programmatic edges). With `prefetch`, every decode GEMV block also asks L2 for its
+    /// weight rows before it waits. Results are the same bits either way.
+    pub fn set_pdl(&self, on: bool, prefetch: bool) {
+        let on = on && self.profile.is_none() && self.pdl_ok.iter().any(|&k| k);
+        self.pdl_enabled.store(on, Ordering::Relaxed);
+        self.pdl_prefetch.store(on && prefetch, Ordering::Relaxed);
+    }
+
+    /// Whether kernels launch with PDL ([`Gpu::set_pdl`]; false where the device cannot).
+    pub fn pdl(&self) -> bool {
+        self.pdl_enabled.load(Ordering::Relaxed)
+    }
+
+    /// Whether decode GEMVs prefetch their weights before waiting ([`Gpu::set_pdl`]).
+    pub(super) fn pdl_prefetch(&self) -> bool {
+        self.pdl_prefetch.load(Ordering::Relaxed)
+    }
+
     /// Ends a forward pass: runs what was recorded (as a graph when it can).
     pub fn end(&self) -> Result<(), CudaError> {
         let mut r = self.rec();
@@ -259,23 +281,25 @@ impl Gpu {
         if let Some(p) = &self.profile {
             return self.run_profiled(&ops, p);
         }
+        let pdl = self.pdl();
         if !graphable {
-            return ops.iter().try_for_each(|o| self.run_op(o));
+            return self.run_ops(&ops, pdl);
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         ops.hash(&mut h);
+        pdl.hash(&mut h);
         let key = h.finish();
         if !r.graphs.contains_key(&key) {
             if r.graphs.len() >= MAX_GRAPHS {
                 r.graphs.clear();
             }
-            let g = match self.capture(&ops) {
+            let g = match self.capture(&ops, pdl) {
                 Ok(g) => g,
                 Err(e) if has_gemm => {
                     // cuBLAS would not be captured: such passes run eager from now on.
                     self.gemm_graphs.store(false, Ordering::Relaxed);
                     eprintln!("damascus: decode batches on cuBLAS run without graphs ({e})");
-                    return ops.iter().try_for_each(|o| self.run_op(o));
+                    return self.run_ops(&ops, pdl);
                 }
                 Err(e) => return Err(e),
             };
@@ -292,7 +316,7 @@ impl Gpu {
         let ev = |what| self.stream.record_event(timed).map_err(call(what));
         let mut marks = vec![ev("recording a profile event")?];
         for o in ops {
-            self.run_op(o)?;
+            self.run_op(o, false)?;
             marks.push(ev("recording a profile event")?);
         }
         let mut p = p.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,11 +339,11 @@ impl Gpu {
         Ok(())
     }
 
-    fn capture(&self, ops: &[Op]) -> Result<CudaGraph, CudaError> {
+    fn capture(&self, ops: &[Op], pdl: bool) -> Result<CudaGraph, CudaError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(call("starting graph capture"))?;
-        let recorded = ops.iter().try_for_each(|o| self.run_op(o));
+        let recorded = self.run_ops(ops, pdl);
         let ended = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -328,7 +352,21 @@ impl Gpu {
         ended?.ok_or_else(|| CudaError::call("graph capture", "captured nothing"))
     }
 
-    fn run_op(&self, op: &Op) -> Result<(), CudaError> {
+    /// Runs `ops` in order; with `pdl`, a kernel that may ([`Gpu::set_pdl`]) and follows a
+    /// kernel launches with programmatic stream serialization. After a copy or a cuBLAS GEMM
+    /// (or first in the list) a launch is plain: it starts after everything before it.
+    fn run_ops(&self, ops: &[Op], pdl: bool) -> Result<(), CudaError> {
+        let mut after_kernel = false;
+        for o in ops {
+            let programmatic =
+                pdl && after_kernel && matches!(o, Op::Launch { f, .. } if self.pdl_ok[*f]);
+            self.run_op(o, programmatic)?;
+            after_kernel = matches!(o, Op::Launch { .. });
+        }
+        Ok(())
+    }
+
+    fn run_op(&self, op: &Op, programmatic: bool) -> Result<(), CudaError> {
         let s = self.stream.cu_stream();
         match op {
             Op::Launch {
@@ -342,6 +380,41 @@ impl Gpu {
                 let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
                 for (p, a) in params.iter_mut().zip(slots.iter_mut()) {
                     *p = a as *mut u64 as *mut c_void;
+                }
+                if programmatic {
+                    let mut attr = sys::CUlaunchAttribute {
+                        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                        pad: [0; 4],
+                        value: sys::CUlaunchAttributeValue {
+                            programmaticStreamSerializationAllowed: 1,
+                        },
+                    };
+                    let config = sys::CUlaunchConfig {
+                        gridDimX: grid[0],
+                        gridDimY: grid[1],
+                        gridDimZ: grid[2],
+                        blockDimX: block[0],
+                        blockDimY: block[1],
+                        blockDimZ: block[2],
+                        sharedMemBytes: *smem,
+                        hStream: s,
+                        attrs: &mut attr,
+                        numAttrs: 1,
+                    };
+                    // SAFETY: as for the plain launch below (same function, arguments and
+                    // shared memory); `config` and `attr` outlive the call. The kernel runs
+                    // `PDL_WAIT()` before it touches memory another kernel writes (`pdl_ok`:
+                    // its PTX holds the wait), so starting it early is sound.
+                    return unsafe {
+                        sys::cuLaunchKernelEx(
+                            &config,
+                            self.funcs[*f].cu_function(),
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    }
+                    .result()
+                    .map_err(call(KERNELS[*f]));
                 }
                 // SAFETY: every kernel in KERNELS takes only pointers, 64-bit offsets, ints
                 // and floats, and its typed launch struct (`launch`) lists them in the
