@@ -17,6 +17,13 @@
 //! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
 //! rows only is graphed the same way, one graph per batch size (its cuBLAS GEMMs included:
 //! cuBLAS works in a workspace of its own, so a captured GEMM allocates nothing).
+//!
+//! With programmatic dependent launch on ([`Gpu::set_pdl`], sm_90+), a kernel that follows
+//! another kernel and whose PTX waits on the grid before it (`PDL_WAIT()` in the kernels,
+//! found by `launch::waits_on_grid` when the module loads) launches with programmatic
+//! stream serialization: its blocks start while that kernel drains (decode GEMV blocks
+//! prefetch their weight rows into L2 meanwhile) and wait in-kernel for its results. Stream
+//! capture keeps those edges in the graphs; the graph key includes the switch.
 
 mod attention;
 mod buffers;
