@@ -99,8 +99,15 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 __device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
 __device__ __forceinline__ uint4 ld128(const u8* p) { return *(const uint4*)p; }
 
-// Quantizes one 32-block held one element per lane of a full warp.
-__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+// What `d * q` misses of x: the input of a two-level shadow's second level. One spelling (an
+// explicit fma) for `quantize_q8_res` and the fused `rms_norm`, so both give the same bits.
+__device__ __forceinline__ float q8_res(float x, float d, i8 q) {
+    return __fmaf_rn(-d, (float)q, x);
+}
+
+// Quantizes one 32-block held one element per lane of a full warp; returns what the q8 value
+// misses of v (the second level's input: `q8_res`).
+__device__ __forceinline__ float q8_block(float v, i8* q, float2* ds) {
     int lane = threadIdx.x & 31;
     float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
@@ -109,6 +116,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
     q[lane] = (i8)qi;
     int s = warp_sum_i(qi);
     if (lane == 0) *ds = make_float2(d, d * (float)s);
+    return q8_res(v, d, (i8)qi);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -131,17 +139,18 @@ extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const fl
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int lane = threadIdx.x & 31;
-    float r = x[b * 32 + lane] - ds[b].x * (float)q[b * 32 + lane];
+    float r = q8_res(x[b * 32 + lane], ds[b].x, q[b * 32 + lane]);
     q8_block(r, q2 + b * 32, ds2 + b);
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
-// 0). Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
+// 0), and its second level (`quantize_q8_res`, the same bits) into q2/ds2 when q2 is given. Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
 // (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
 // (chunk b goes to block (b / warps) % blocks). Decode spreads one token over several blocks;
 // a prompt gives each token one block (no row read more than twice).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
-                                    i8* q, float2* ds, int width, int do_q) {
+                                    i8* q, float2* ds, i8* q2, float2* ds2, int width,
+                                    int do_q) {
     PDL_START();
     __shared__ float red[32];
     int t = blockIdx.y;
@@ -163,7 +172,10 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
         int i = b * 32 + lane;
         float v = i < width ? xr[i] * scale * w[i] : 0.0f;
         if (i < width) out[(u64)t * width + i] = v;
-        if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+        if (do_q) {
+            float r = q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+            if (q2) q8_block(r, q2 + (u64)t * width + b * 32, ds2 + (u64)t * (width >> 5) + b);
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! Programmatic dependent launch (`Gpu::set_pdl`, `DAMASCUS_CUDA_PDL`) changes when kernels
-//! start, never what they compute: a decode chain (every GEMV format, three matrices per
-//! launch, row counts that leave partial blocks, the two-level q8 path, RMSNorm, fused
-//! RoPE + attention across splits, SwiGLU, residual adds, the device argmax) gives the same
-//! bits with PDL on (with and without the GEMV weight prefetch) as with it off, launched eagerly
-//! and replayed from graphs; a 3-token pass (the batched GEMV) likewise.
+//! start, never what they compute, and the decode fusions (`Gpu::set_fuse`,
+//! `DAMASCUS_CUDA_FUSE`) only how many launches compute it: a decode chain (every GEMV format,
+//! three matrices per launch, row counts that leave partial blocks, the two-level q8 path,
+//! RMSNorm, fused RoPE + attention across splits, SwiGLU, residual adds, the device argmax)
+//! gives the same bits with PDL on (with and without the GEMV weight prefetch) and with the
+//! fusions as with both off, launched eagerly and replayed from graphs; passes of 3 and 9
+//! tokens (the batched GEMV) likewise.
 //!
 //! Runs only with `--features cuda`. Without a device each test says SKIPPED and passes, unless
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure. On a device of
@@ -58,14 +60,17 @@ fn matrix(g: &Gpu, dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> DevM
     g.upload_matrix(dtype, &bytes, rows, cols).unwrap()
 }
 
-/// (PDL, weight prefetch, graphs) of each run; the first is the plain launches everything
-/// else must match.
-const MODES: [(bool, bool, bool); 5] = [
-    (false, false, false),
-    (false, false, true),
-    (true, true, false),
-    (true, true, true),
-    (true, false, true),
+/// (PDL, weight prefetch, graphs, fusions) of each run; the first is the plain launches
+/// everything else must match.
+const MODES: [(bool, bool, bool, bool); 8] = [
+    (false, false, false, false),
+    (false, false, true, false),
+    (true, true, false, false),
+    (true, true, true, false),
+    (true, false, true, false),
+    (false, false, false, true),
+    (false, false, true, true),
+    (true, true, true, true),
 ];
 
 #[test]
@@ -87,7 +92,7 @@ fn pdl_is_on_where_the_device_has_it() {
 }
 
 #[test]
-fn decode_chain_gives_the_same_bits_with_pdl() {
+fn decode_chain_gives_the_same_bits_with_pdl_and_fusions() {
     let Some(g) = gpu() else { return };
     let _guard = SETTINGS.lock().unwrap_or_else(|p| p.into_inner());
     // A small decoder layer: hidden 512, 4 query heads and 2 KV heads of 64 (Q 256, K/V 128),
@@ -112,9 +117,10 @@ fn decode_chain_gives_the_same_bits_with_pdl() {
                 .collect::<Vec<_>>(),
         )
         .unwrap();
-    let run = |pdl: bool, prefetch: bool, graphs: bool| -> Vec<Vec<f32>> {
+    let run = |pdl: bool, prefetch: bool, graphs: bool, fuse: bool| -> Vec<Vec<f32>> {
         g.set_pdl(pdl, prefetch);
         g.set_graphs(graphs);
+        g.set_fuse(fuse);
         let kv = g.kv(1, 300, n_kv, hd, n_head).unwrap();
         let x = g.act(1, hidden).unwrap();
         let h = g.act(1, hidden).unwrap();
@@ -134,6 +140,8 @@ fn decode_chain_gives_the_same_bits_with_pdl() {
             g.rms_norm(&x, &norm, 1e-5, &h).unwrap();
             g.matmuls(&h, &[(&wq, &q), (&wk, &k), (&wv, &v)], false)
                 .unwrap();
+            // RMSNorm, GEMV; without the fusion a second-level quantization between them.
+            assert_eq!(g.pending_ops(), if fuse { 2 } else { 3 }, "fuse {fuse}");
             g.rope_attention(&kv, 0, pos, &q, &k, &v, &a, Some((&inv, false)))
                 .unwrap();
             g.matmul_add(&wo, &a, &x).unwrap();
@@ -154,25 +162,27 @@ fn decode_chain_gives_the_same_bits_with_pdl() {
         outs
     };
     let mut base = None;
-    for (pdl, prefetch, graphs) in MODES {
-        let got = run(pdl, prefetch, graphs);
+    for (pdl, prefetch, graphs, fuse) in MODES {
+        let got = run(pdl, prefetch, graphs, fuse);
         match &base {
             None => base = Some(got),
             Some(want) => assert!(
                 *want == got,
-                "PDL {pdl}, prefetch {prefetch}, graphs {graphs}: bits differ from plain launches"
+                "PDL {pdl}, prefetch {prefetch}, graphs {graphs}, fusions {fuse}: bits differ \
+                 from plain launches"
             ),
         }
     }
     g.set_pdl(false, false);
     g.set_graphs(true);
+    g.set_fuse(false);
 }
 
 #[test]
-fn batched_gemv_pass_gives_the_same_bits_with_pdl() {
+fn batched_gemv_passes_give_the_same_bits_with_pdl_and_fusions() {
     let Some(g) = gpu() else { return };
     let _guard = SETTINGS.lock().unwrap_or_else(|p| p.into_inner());
-    // 3 and 9 tokens through `gemv_batch` (eager: not a one-token pass), every format.
+    // 3 and 9 tokens through `gemv_batch` (eager: not a one-token pass).
     let mats: Vec<DevMatrix> = [
         (GgmlType::Q4_K, 3, 256),
         (GgmlType::Q6_K, 1023, 512),
@@ -185,10 +195,26 @@ fn batched_gemv_pass_gives_the_same_bits_with_pdl() {
     .enumerate()
     .map(|(i, &(t, r, c))| matrix(&g, t, r, c, 50 + i as u64))
     .collect();
-    let run = |pdl: bool, prefetch: bool| -> Vec<Vec<f32>> {
+    let mut wq = matrix(&g, GgmlType::Q4_K, 33, 512, 60);
+    wq.two_level = true;
+    let norm = g.upload_f32(&randn(512, 61)).unwrap();
+    let run = |pdl: bool, prefetch: bool, fuse: bool| -> Vec<Vec<f32>> {
         g.set_pdl(pdl, prefetch);
+        g.set_fuse(fuse);
         let mut outs = Vec::new();
         for n in [3usize, 9] {
+            // RMSNorm into a two-level GEMV (the fusion's case), then every format.
+            let (x, h, y) = (
+                g.act(n, 512).unwrap(),
+                g.act(n, 512).unwrap(),
+                g.act(n, 33).unwrap(),
+            );
+            g.write(&x, &randn(n * 512, 62)).unwrap();
+            g.begin(n, 5).unwrap();
+            g.rms_norm(&x, &norm, 1e-6, &h).unwrap();
+            g.matmul(&wq, &h, &y).unwrap();
+            g.end().unwrap();
+            outs.push(g.read(&y).unwrap());
             for (i, m) in mats.iter().enumerate() {
                 let x = g.act(n, m.cols).unwrap();
                 let y = g.act(n, m.rows).unwrap();
@@ -203,8 +229,11 @@ fn batched_gemv_pass_gives_the_same_bits_with_pdl() {
         }
         outs
     };
-    let plain = run(false, false);
-    assert!(plain == run(true, true), "PDL with prefetch");
-    assert!(plain == run(true, false), "PDL without prefetch");
+    let plain = run(false, false, false);
+    assert!(plain == run(true, true, false), "PDL with prefetch");
+    assert!(plain == run(true, false, false), "PDL without prefetch");
+    assert!(plain == run(false, false, true), "fusions");
+    assert!(plain == run(true, true, true), "PDL and fusions");
     g.set_pdl(false, false);
+    g.set_fuse(false);
 }

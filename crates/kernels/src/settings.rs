@@ -76,6 +76,9 @@ pub struct KernelSettings {
     /// CUDA, with `cuda_pdl`: each decode GEMV block prefetches its weight rows into L2 before
     /// it waits on the kernel before it (off with `DAMASCUS_CUDA_PDL=noprefetch`).
     pub cuda_pdl_prefetch: bool,
+    /// CUDA: decode fusions (an RMSNorm feeding the two-level Q/K/V GEMV writes the second q8
+    /// level itself). `DAMASCUS_CUDA_FUSE` (1: on).
+    pub cuda_fuse: bool,
 }
 
 impl Default for KernelSettings {
@@ -103,6 +106,7 @@ impl Default for KernelSettings {
             cuda_graph_gemm: true,
             cuda_pdl: false,
             cuda_pdl_prefetch: true,
+            cuda_fuse: false,
         }
     }
 }
@@ -131,7 +135,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 20] = [
+    pub const VARS: [(&'static str, &'static str); 21] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -181,6 +185,10 @@ impl KernelSettings {
         (
             "DAMASCUS_CUDA_PDL",
             "1: CUDA programmatic dependent launch + GEMV weight prefetch (noprefetch: without it)",
+        ),
+        (
+            "DAMASCUS_CUDA_FUSE",
+            "1: CUDA decode fusions (RMSNorm + second q8 level)",
         ),
     ];
 
@@ -236,6 +244,7 @@ impl KernelSettings {
             cuda_graph_gemm: !off("DAMASCUS_CUDA_GRAPH_GEMM"),
             cuda_pdl: val("DAMASCUS_CUDA_PDL").is_some_and(|v| v == "1" || v == "noprefetch"),
             cuda_pdl_prefetch: val("DAMASCUS_CUDA_PDL").is_none_or(|v| v != "noprefetch"),
+            cuda_fuse: val("DAMASCUS_CUDA_FUSE").is_some_and(|v| v == "1"),
         })
     }
 
@@ -310,7 +319,9 @@ mod tests {
         let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "noprefetch")])).unwrap();
         assert!(s.cuda_pdl && !s.cuda_pdl_prefetch);
         let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "0")])).unwrap();
-        assert!(!s.cuda_pdl);
+        assert!(!s.cuda_pdl && !s.cuda_fuse);
+        let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_FUSE", "1")])).unwrap();
+        assert!(s.cuda_fuse);
         let e = KernelSettings::from_vars(env(&[("DAMASCUS_PREFETCH", "lots")])).unwrap_err();
         assert!(e.to_string().contains("DAMASCUS_PREFETCH"));
         assert!(KernelSettings::from_vars(env(&[("DAMASCUS_ISA", "sse9")])).is_err());

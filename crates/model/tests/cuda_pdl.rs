@@ -1,9 +1,10 @@
-//! Programmatic dependent launch (`KernelSettings::cuda_pdl`, `DAMASCUS_CUDA_PDL=1`) on whole
-//! models: the same bits as without it. A session (a prompt on the GEMVs, then decode steps
-//! replayed from graphs or launched eagerly, and the device argmax) and the server's batched
-//! steps (continuous batching over the paged pool, passes under 16 rows: decode batches are
-//! graphed) give logits identical to a backend without PDL, on the synthetic `tiny-llama3`
-//! (Q4_K_M: Q4_K and Q6_K GEMVs; Q8_0) and the tiny family fixtures.
+//! Programmatic dependent launch (`KernelSettings::cuda_pdl`, `DAMASCUS_CUDA_PDL=1`) and the
+//! decode fusions (`cuda_fuse`, `DAMASCUS_CUDA_FUSE=1`) on whole models: the same bits as
+//! without them. A session (a prompt on the GEMVs, then decode steps replayed from graphs or
+//! launched eagerly, and the device argmax) and the server's batched steps (continuous
+//! batching over the paged pool, passes under 16 rows: decode batches are graphed) give logits
+//! identical to a backend with neither, on the synthetic `tiny-llama3` (Q4_K_M: Q4_K and Q6_K
+//! GEMVs; Q8_0) and the tiny Qwen 3 and Gemma 3 fixtures.
 //!
 //! Runs with `--features cuda`. Without a device every test says SKIPPED and passes, unless
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine).
@@ -24,13 +25,14 @@ use damascus_quant::recipe::Mix;
 
 const IDS: [u32; 8] = [791, 4062, 14198, 39935, 35308, 927, 279, 16053];
 
-/// The model on a CUDA backend of its own with PDL (and the GEMV weight prefetch) as given,
-/// graphs as given.
-fn cuda_model(file: &Arc<GgufFile>, pdl: bool, prefetch: bool, graphs: bool) -> Model {
+/// The model on a CUDA backend of its own with PDL (and the GEMV weight prefetch), graphs and
+/// the decode fusions as given.
+fn cuda_model(file: &Arc<GgufFile>, pdl: bool, prefetch: bool, graphs: bool, fuse: bool) -> Model {
     let settings = KernelSettings {
         cuda_pdl: pdl,
         cuda_pdl_prefetch: prefetch,
         cuda_graphs: graphs,
+        cuda_fuse: fuse,
         ..KernelSettings::default()
     };
     let b = CudaBackend::with_settings(0, &settings).expect("opening the CUDA backend");
@@ -59,20 +61,25 @@ fn session_trace(m: &Model) -> (Vec<Vec<f32>>, Vec<u32>) {
 }
 
 #[test]
-fn sessions_give_the_same_bits_with_pdl() {
+fn sessions_give_the_same_bits_with_pdl_and_fusions() {
     if !common::cuda_device() {
         return;
     }
     for (mix, label) in [(Mix::Q4_K_M, "Q4_K_M"), (Mix::Q8_0, "Q8_0")] {
         let f = common::tiny(mix, label);
-        let plain = session_trace(&cuda_model(&f, false, false, true));
-        for (pdl, prefetch, graphs) in
-            [(true, true, true), (true, true, false), (true, false, true)]
-        {
-            let got = session_trace(&cuda_model(&f, pdl, prefetch, graphs));
+        let plain = session_trace(&cuda_model(&f, false, false, true, false));
+        for (pdl, prefetch, graphs, fuse) in [
+            (true, true, true, false),
+            (true, true, false, false),
+            (true, false, true, false),
+            (false, false, true, true),
+            (true, true, true, true),
+        ] {
+            let got = session_trace(&cuda_model(&f, pdl, prefetch, graphs, fuse));
             assert!(
                 got == plain,
-                "tiny-llama3 {label}: PDL {pdl}, prefetch {prefetch}, graphs {graphs}: bits differ"
+                "tiny-llama3 {label}: PDL {pdl}, prefetch {prefetch}, graphs {graphs}, fusions \
+                 {fuse}: bits differ"
             );
         }
     }
@@ -95,7 +102,7 @@ fn batch_trace(m: &Model) -> Vec<Vec<Vec<f32>>> {
 }
 
 #[test]
-fn batched_steps_give_the_same_bits_with_pdl() {
+fn batched_steps_give_the_same_bits_with_pdl_and_fusions() {
     if !common::cuda_device() {
         return;
     }
@@ -110,8 +117,11 @@ fn batched_steps_give_the_same_bits_with_pdl() {
         files.push((family.to_string(), Arc::new(f)));
     }
     for (label, f) in &files {
-        let plain = batch_trace(&cuda_model(f, false, false, true));
-        let got = batch_trace(&cuda_model(f, true, true, true));
-        assert!(got == plain, "{label}: batched steps differ with PDL");
+        let plain = batch_trace(&cuda_model(f, false, false, true, false));
+        let got = batch_trace(&cuda_model(f, true, true, true, true));
+        assert!(
+            got == plain,
+            "{label}: batched steps differ with PDL and fusions"
+        );
     }
 }

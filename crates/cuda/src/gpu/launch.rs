@@ -378,9 +378,11 @@ kernels! {
     QuantizeQ8Res = "quantize_q8_res" {
         x: Ptr, q: Ptr, ds: Ptr, q2: Ptr, ds2: Ptr, n_blocks: i32,
     }
-    /// `out = rms_norm(x) * w` per token, and out's q8 shadow when `do_q`.
+    /// `out = rms_norm(x) * w` per token, and out's q8 shadow when `do_q` (with its second
+    /// level into `q2`, `ds2` unless null).
     RmsNorm = "rms_norm" {
-        x: Ptr, w: Ptr, eps: f32, out: Ptr, q: Ptr, ds: Ptr, width: i32, do_q: bool,
+        x: Ptr, w: Ptr, eps: f32, out: Ptr, q: Ptr, ds: Ptr, q2: Ptr, ds2: Ptr, width: i32,
+        do_q: bool,
     }
     /// `gate = silu(gate) * up`, and gate's q8 shadow when `do_q`.
     Swiglu = "swiglu" { gate: Ptr, up: Ptr, q: Ptr, ds: Ptr, n_blocks: i32, do_q: bool }
@@ -492,14 +494,27 @@ mod tests {
             out: Ptr(3),
             q: Ptr::NULL,
             ds: Ptr::NULL,
+            q2: Ptr(4),
+            ds2: Ptr::NULL,
             width: -1,
             do_q: true,
         }
         .args();
-        assert_eq!(a.n, 8);
+        assert_eq!(a.n, 10);
         assert_eq!(
-            &a.v[..8],
-            &[1, 2, u64::from(1.5f32.to_bits()), 3, 0, 0, 0xffff_ffff, 1]
+            &a.v[..10],
+            &[
+                1,
+                2,
+                u64::from(1.5f32.to_bits()),
+                3,
+                0,
+                0,
+                4,
+                0,
+                0xffff_ffff,
+                1
+            ]
         );
         let g = Gemv {
             variant: 4,

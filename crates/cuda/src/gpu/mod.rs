@@ -114,6 +114,9 @@ pub struct Gpu {
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
     /// (on unless [`Gpu::set_two_level_qkv`] turns it off).
     two_level_qkv: AtomicBool,
+    /// Decode fusions ([`Gpu::set_fuse`]; off at first): an RMSNorm whose output a two-level
+    /// GEMV takes next writes the second q8 level itself.
+    fuse: AtomicBool,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
     /// Kernels launch with programmatic stream serialization (PDL) where they may
@@ -330,6 +333,7 @@ impl Gpu {
             mmq_rows: AtomicUsize::new(0),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
+            fuse: AtomicBool::new(false),
             flash_ok,
             pdl_enabled: AtomicBool::new(false),
             pdl_prefetch: AtomicBool::new(false),

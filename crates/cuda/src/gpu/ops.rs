@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::buffers::{DevAct, DevBuf, DevMatrix, DevVec, i32_dim};
 use super::launch::{
-    Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res,
-    RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
+    Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Launch, Mmq, Ptr, QuantizeQ8,
+    QuantizeQ8Res, RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
 use super::{Gpu, MAX_GEMV_ROWS};
@@ -125,17 +125,20 @@ impl Gpu {
             )));
         }
         let (q, ds) = out.q8_ptrs();
+        let k = RmsNorm {
+            x: x.x.ptr,
+            w: w.buf.ptr,
+            eps,
+            out: out.x.ptr,
+            q,
+            ds,
+            q2: Ptr::NULL,
+            ds2: Ptr::NULL,
+            width: x.width as i32,
+            do_q: out.q.is_some(),
+        };
         self.push(
-            RmsNorm {
-                x: x.x.ptr,
-                w: w.buf.ptr,
-                eps,
-                out: out.x.ptr,
-                q,
-                ds,
-                width: x.width as i32,
-                do_q: out.q.is_some(),
-            },
+            k,
             // Decode: the row over several blocks; prompts: one block per token.
             [
                 if x.n == 1 {
@@ -148,6 +151,9 @@ impl Gpu {
             ],
             [256, 1, 1],
         );
+        let mut r = self.rec();
+        let at = r.ops.len() - 1;
+        r.last_norm = Some((at, k));
         out.q_fresh.store(out.q.is_some(), Ordering::Relaxed);
         Ok(())
     }
@@ -318,6 +324,9 @@ impl Gpu {
                 .any(|(w, _)| w.two_level && w.format != Format::F16);
         match (&x.q, &x.q2) {
             (Some((q, ds)), Some((q2, ds2))) if want && x.n <= MAX_GEMV_ROWS => {
+                if self.fuse_second_level(x, q2.ptr, ds2.ptr) {
+                    return (q2.ptr, ds2.ptr);
+                }
                 let n_blocks = x.n * x.width / 32;
                 self.push(
                     QuantizeQ8Res {
@@ -335,6 +344,30 @@ impl Gpu {
             }
             _ => (Ptr::NULL, Ptr::NULL),
         }
+    }
+
+    /// With the fusions on ([`Gpu::set_fuse`]), when the last op recorded is the RMSNorm that
+    /// wrote x and its q8 shadow, has that launch write x's second level (`q2`, `ds2`) too;
+    /// false (nothing changed) otherwise.
+    fn fuse_second_level(&self, x: &DevAct, q2: Ptr, ds2: Ptr) -> bool {
+        if !self.fuse.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut r = self.rec();
+        let Some((at, mut k)) = r.last_norm else {
+            return false;
+        };
+        if at + 1 != r.ops.len() || k.out != x.x.ptr || !k.do_q || k.q != x.q8_ptrs().0 {
+            return false;
+        }
+        k.q2 = q2;
+        k.ds2 = ds2;
+        match &mut r.ops[at] {
+            Op::Launch { args, .. } => *args = k.args(),
+            _ => return false,
+        }
+        r.last_norm = Some((at, k));
+        true
     }
 
     /// `out (+)= x · Wᵀ` through the int8 MMQ kernel, for any token count (tests and

@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::{CudaGraph, result, sys};
 
 use super::buffers::{DevAct, DevBuf};
-use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr};
+use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr, RmsNorm};
 use super::profile::Profile;
 use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, MAX_GRAPHS, call};
 use crate::error::CudaError;
@@ -70,6 +70,9 @@ pub(super) struct Recorder {
     pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
+    /// The last RMSNorm recorded and its index in `ops` (a following two-level GEMV may
+    /// have it write the second q8 level: [`Gpu::set_fuse`]).
+    pub(super) last_norm: Option<(usize, RmsNorm)>,
     graphs: HashMap<u64, Graph>,
 }
 
@@ -87,6 +90,7 @@ impl Recorder {
             batch: None,
             decode_batch: false,
             flushed_mid: false,
+            last_norm: None,
             graphs: HashMap::new(),
         }
     }
@@ -126,6 +130,7 @@ impl Gpu {
             r.graphs.clear();
         }
         r.ops.clear();
+        r.last_norm = None;
         r.n_tokens = n_tokens;
         r.flushed_mid = false;
         r.inputs_host.clear();
@@ -217,6 +222,13 @@ impl Gpu {
             .store(on && self.flash_ok, Ordering::Relaxed);
     }
 
+    /// Turns the decode fusions on or off (off at first): an RMSNorm whose output a GEMV on
+    /// two-level q8 activations takes next (the Q/K/V projections) writes the second level
+    /// itself, one `quantize_q8_res` launch fewer per layer. Same bits either way.
+    pub fn set_fuse(&self, on: bool) {
+        self.fuse.store(on, Ordering::Relaxed);
+    }
+
     /// Turns programmatic dependent launch on or off (off at first; stays off below sm_90 and
     /// while profiling). On: a kernel whose code waits on the grid before it (`PDL_WAIT()`)
     /// and that follows another kernel launches with programmatic stream serialization, so
@@ -237,6 +249,11 @@ impl Gpu {
     /// Whether decode GEMVs prefetch their weights before waiting ([`Gpu::set_pdl`]).
     pub(super) fn pdl_prefetch(&self) -> bool {
         self.pdl_prefetch.load(Ordering::Relaxed)
+    }
+
+    /// How many ops are recorded and not yet run (tests count what a fusion saves).
+    pub fn pending_ops(&self) -> usize {
+        self.rec().ops.len()
     }
 
     /// Ends a forward pass: runs what was recorded (as a graph when it can).
@@ -266,6 +283,7 @@ impl Gpu {
             return Ok(());
         }
         let ops = std::mem::take(&mut r.ops);
+        r.last_norm = None;
         let has_gemm = ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
         // A decode batch on cuBLAS is graphed too where cuBLAS has its own workspace (it then
         // allocates nothing while captured) and no capture of one has failed.

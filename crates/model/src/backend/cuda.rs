@@ -82,6 +82,7 @@ impl CudaBackend {
             settings.cuda_pdl && !settings.cuda_profile,
             settings.cuda_pdl_prefetch,
         );
+        gpu.set_fuse(settings.cuda_fuse);
         Ok(Self {
             two_level_all: settings.two_level_all,
             gpu,
