@@ -164,6 +164,12 @@ fn decode_chain_gives_the_same_bits_with_pdl_and_fusions() {
     let mut base = None;
     for (pdl, prefetch, graphs, fuse) in MODES {
         let got = run(pdl, prefetch, graphs, fuse);
+        if pdl && g.compute_capability.0 >= 9 {
+            assert!(
+                g.pdl(),
+                "PDL was turned off: the driver refused it (see stderr)"
+            );
+        }
         match &base {
             None => base = Some(got),
             Some(want) => assert!(
@@ -230,6 +236,11 @@ fn batched_gemv_passes_give_the_same_bits_with_pdl_and_fusions() {
         outs
     };
     let plain = run(false, false, false);
+    let sm90 = g.compute_capability.0 >= 9;
+    assert!(
+        run(true, true, false) == plain && (g.pdl() || !sm90),
+        "PDL stayed on"
+    );
     assert!(plain == run(true, true, false), "PDL with prefetch");
     assert!(plain == run(true, false, false), "PDL without prefetch");
     assert!(plain == run(false, false, true), "fusions");

@@ -17,6 +17,7 @@ use common::sim::{seq, simulate};
 use std::path::Path;
 use std::sync::Arc;
 
+use damascus_cuda::Gpu;
 use damascus_gguf::GgufFile;
 use damascus_kernels::settings::KernelSettings;
 use damascus_model::backend::cuda::CudaBackend;
@@ -27,7 +28,13 @@ const IDS: [u32; 8] = [791, 4062, 14198, 39935, 35308, 927, 279, 16053];
 
 /// The model on a CUDA backend of its own with PDL (and the GEMV weight prefetch), graphs and
 /// the decode fusions as given.
-fn cuda_model(file: &Arc<GgufFile>, pdl: bool, prefetch: bool, graphs: bool, fuse: bool) -> Model {
+fn cuda_model(
+    file: &Arc<GgufFile>,
+    pdl: bool,
+    prefetch: bool,
+    graphs: bool,
+    fuse: bool,
+) -> (Model, Arc<Gpu>) {
     let settings = KernelSettings {
         cuda_pdl: pdl,
         cuda_pdl_prefetch: prefetch,
@@ -36,14 +43,21 @@ fn cuda_model(file: &Arc<GgufFile>, pdl: bool, prefetch: bool, graphs: bool, fus
         ..KernelSettings::default()
     };
     let b = CudaBackend::with_settings(0, &settings).expect("opening the CUDA backend");
-    if pdl && b.gpu().compute_capability.0 >= 9 {
-        assert!(b.gpu().pdl(), "PDL requested on sm_90+ but not on");
-    }
+    let gpu = Arc::clone(b.gpu());
+    assert_pdl(&gpu, pdl);
     let opts = LoadOptions {
         n_ctx: Some(256),
         ..Default::default()
     };
-    Model::with_backend(file.clone(), &opts, b).expect("loading on CUDA")
+    let m = Model::with_backend(file.clone(), &opts, b).expect("loading on CUDA");
+    (m, gpu)
+}
+
+/// On sm_90+, PDL is on when asked for (and stayed on: the driver refused nothing).
+fn assert_pdl(gpu: &Gpu, pdl: bool) {
+    if pdl && gpu.compute_capability.0 >= 9 {
+        assert!(gpu.pdl(), "PDL asked for on sm_90+ but off (see stderr)");
+    }
 }
 
 /// Prefill 20 tokens, then 50 decode steps (crossing attention splits): every step's logits,
@@ -67,7 +81,7 @@ fn sessions_give_the_same_bits_with_pdl_and_fusions() {
     }
     for (mix, label) in [(Mix::Q4_K_M, "Q4_K_M"), (Mix::Q8_0, "Q8_0")] {
         let f = common::tiny(mix, label);
-        let plain = session_trace(&cuda_model(&f, false, false, true, false));
+        let plain = session_trace(&cuda_model(&f, false, false, true, false).0);
         for (pdl, prefetch, graphs, fuse) in [
             (true, true, true, false),
             (true, true, false, false),
@@ -75,7 +89,9 @@ fn sessions_give_the_same_bits_with_pdl_and_fusions() {
             (false, false, true, true),
             (true, true, true, true),
         ] {
-            let got = session_trace(&cuda_model(&f, pdl, prefetch, graphs, fuse));
+            let (m, gpu) = cuda_model(&f, pdl, prefetch, graphs, fuse);
+            let got = session_trace(&m);
+            assert_pdl(&gpu, pdl);
             assert!(
                 got == plain,
                 "tiny-llama3 {label}: PDL {pdl}, prefetch {prefetch}, graphs {graphs}, fusions \
@@ -117,8 +133,10 @@ fn batched_steps_give_the_same_bits_with_pdl_and_fusions() {
         files.push((family.to_string(), Arc::new(f)));
     }
     for (label, f) in &files {
-        let plain = batch_trace(&cuda_model(f, false, false, true, false));
-        let got = batch_trace(&cuda_model(f, true, true, true, true));
+        let plain = batch_trace(&cuda_model(f, false, false, true, false).0);
+        let (m, gpu) = cuda_model(f, true, true, true, true);
+        let got = batch_trace(&m);
+        assert_pdl(&gpu, true);
         assert!(
             got == plain,
             "{label}: batched steps differ with PDL and fusions"

@@ -241,6 +241,13 @@ impl Gpu {
         self.pdl_prefetch.store(on && prefetch, Ordering::Relaxed);
     }
 
+    /// Turns PDL off for good after the driver refused it (`why`), saying so once.
+    fn pdl_off(&self, why: &str) {
+        if self.pdl_enabled.swap(false, Ordering::Relaxed) {
+            eprintln!("damascus: programmatic dependent launch off: {why}");
+        }
+    }
+
     /// Whether kernels launch with PDL ([`Gpu::set_pdl`]; false where the device cannot).
     pub fn pdl(&self) -> bool {
         self.pdl_enabled.load(Ordering::Relaxed)
@@ -303,21 +310,25 @@ impl Gpu {
         if !graphable {
             return self.run_ops(&ops, pdl);
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        ops.hash(&mut h);
-        pdl.hash(&mut h);
-        let key = h.finish();
+        let mut key = graph_key(&ops, pdl);
         if !r.graphs.contains_key(&key) {
             if r.graphs.len() >= MAX_GRAPHS {
                 r.graphs.clear();
             }
-            let g = match self.capture(&ops, pdl) {
+            let mut captured = self.capture(&ops, pdl);
+            if let (Err(e), true) = (&captured, pdl) {
+                // A driver that cannot capture programmatic launches: graphs without them.
+                self.pdl_off(&format!("capturing a decode graph with it failed ({e})"));
+                key = graph_key(&ops, false);
+                captured = self.capture(&ops, false);
+            }
+            let g = match captured {
                 Ok(g) => g,
                 Err(e) if has_gemm => {
                     // cuBLAS would not be captured: such passes run eager from now on.
                     self.gemm_graphs.store(false, Ordering::Relaxed);
                     eprintln!("damascus: decode batches on cuBLAS run without graphs ({e})");
-                    return self.run_ops(&ops, pdl);
+                    return self.run_ops(&ops, self.pdl());
                 }
                 Err(e) => return Err(e),
             };
@@ -376,8 +387,11 @@ impl Gpu {
     fn run_ops(&self, ops: &[Op], pdl: bool) -> Result<(), CudaError> {
         let mut after_kernel = false;
         for o in ops {
-            let programmatic =
-                pdl && after_kernel && matches!(o, Op::Launch { f, .. } if self.pdl_ok[*f]);
+            // (`pdl()` again: a refused launch turns PDL off midway.)
+            let programmatic = pdl
+                && after_kernel
+                && matches!(o, Op::Launch { f, .. } if self.pdl_ok[*f])
+                && self.pdl();
             self.run_op(o, programmatic)?;
             after_kernel = matches!(o, Op::Launch { .. });
         }
@@ -423,7 +437,7 @@ impl Gpu {
                     // shared memory); `config` and `attr` outlive the call. The kernel runs
                     // `PDL_WAIT()` before it touches memory another kernel writes (`pdl_ok`:
                     // its PTX holds the wait), so starting it early is sound.
-                    return unsafe {
+                    let launched = unsafe {
                         sys::cuLaunchKernelEx(
                             &config,
                             self.funcs[*f].cu_function(),
@@ -431,8 +445,12 @@ impl Gpu {
                             std::ptr::null_mut(),
                         )
                     }
-                    .result()
-                    .map_err(call(KERNELS[*f]));
+                    .result();
+                    match launched {
+                        Ok(()) => return Ok(()),
+                        // Refused (nothing was launched): PDL off, this one launched plain.
+                        Err(e) => self.pdl_off(&format!("{} refused it ({e})", KERNELS[*f])),
+                    }
                 }
                 // SAFETY: every kernel in KERNELS takes only pointers, 64-bit offsets, ints
                 // and floats, and its typed launch struct (`launch`) lists them in the
@@ -557,4 +575,12 @@ impl Gpu {
         drop(r);
         self.stream.synchronize().map_err(call("synchronizing"))
     }
+}
+
+/// The key of the graph of `ops` launched with PDL on or off.
+fn graph_key(ops: &[Op], pdl: bool) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ops.hash(&mut h);
+    pdl.hash(&mut h);
+    h.finish()
 }
