@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Interleaved A/B of `damascus bench --backend cuda` under several values of one environment
-variable (default `DAMASCUS_CUDA_PDL`: 0 = plain launches, 1 = programmatic dependent launch
-with the GEMV weight prefetch, noprefetch = PDL alone), for the GPU machine. Dev tool, not run
-in CI.
+"""Interleaved A/B of `damascus bench --backend cuda` under several environments, for the GPU
+machine: each variant is `VAR=value[,VAR=value...]` (default: plain launches; programmatic
+dependent launch with the GEMV weight prefetch; PDL alone; PDL with the decode fusions).
+Dev tool, not run in CI.
 
 Each round runs every group once per variant (`-r PER` runs each, after the bench's own
 warm-up), variants in a rotated order round by round, so drift hits all alike. Prints a
@@ -10,8 +10,9 @@ markdown table: median and p5/p95 tok/s per variant, and each variant's median o
 variant's.
 
 Usage:
-    tools/pdl_ab.py --damascus BIN -m MODEL.gguf --groups "0/128/0 0/128/4096" \
-        --values "0 1 noprefetch" --rounds 5 --per 2
+    tools/pdl_ab.py --damascus BIN -m MODEL.gguf --groups "0/128/0,4096" \
+        --variants "DAMASCUS_CUDA_PDL=0 DAMASCUS_CUDA_PDL=1 DAMASCUS_CUDA_PDL=1,DAMASCUS_CUDA_FUSE=1" \
+        --rounds 5 --per 2
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--damascus", required=True)
-    ap.add_argument("--var", default="DAMASCUS_CUDA_PDL")
-    ap.add_argument("--values", default="0 1 noprefetch", help="space-separated values")
+    ap.add_argument("--variants", default="DAMASCUS_CUDA_PDL=0 DAMASCUS_CUDA_PDL=1 "
+                    "DAMASCUS_CUDA_PDL=noprefetch DAMASCUS_CUDA_PDL=1,DAMASCUS_CUDA_FUSE=1",
+                    help="space-separated VAR=value[,VAR=value...]")
     ap.add_argument("--groups", default="0/128/0", help="space-separated P,P/N,N/D,D")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--per", type=int, default=2, help="runs per bench invocation")
@@ -61,7 +63,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=1e9,
                     help="seconds: start no round that would not end inside this")
     args = ap.parse_args()
-    values = args.values.split()
+    values = args.variants.split()
     groups = [g.split("/") for g in args.groups.split()]
     samples: dict[str, dict[str, list[float]]] = {v: {} for v in values}
     order: list[str] = []
@@ -75,7 +77,7 @@ def main() -> int:
         for p, n, d in groups:
             common = ["-m", args.model, "-p", p, "-n", n, "-d", d, "-r", str(args.per)]
             for v in rotated:
-                env = dict(os.environ, **{args.var: v})
+                env = dict(os.environ, **dict(kv.split("=", 1) for kv in v.split(",")))
                 rows = bench([args.damascus, "bench", "--backend", "cuda", "--json", *common],
                              env, args.timeout)
                 for t in rows:
@@ -86,7 +88,7 @@ def main() -> int:
         t_round = time.monotonic() - t0
         rounds_done = r + 1
         print(f"round {r + 1}/{args.rounds} done in {t_round:.0f} s", file=sys.stderr, flush=True)
-    head = " | ".join(f"{args.var}={v} t/s median (p5–p95)" for v in values)
+    head = " | ".join(f"{v} t/s median (p5–p95)" for v in values)
     ratios = " | ".join(f"{v} / {values[0]}" for v in values[1:])
     print(f"| test | {head} | {ratios} |")
     print("| --- |" + " ---: |" * (2 * len(values) - 1))
