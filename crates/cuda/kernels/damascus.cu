@@ -179,6 +179,13 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
     }
 }
 
+// silu(g) * u and gelu_tanh(g) * u: one spelling for the activation kernels and the GEMV that
+// fuses them (`gemv` with glu), so both give the same bits.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float gelu_mul(float g, float u) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+}
+
 // gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp
 // per 32-block.
 extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
@@ -187,8 +194,7 @@ extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* d
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
-    float g = gate[i];
-    float v = g / (1.0f + expf(-g)) * up[i];
+    float v = silu_mul(gate[i], up[i]);
     gate[i] = v;
     if (do_q) q8_block(v, q + b * 32, ds + b);
 }
@@ -201,8 +207,7 @@ extern "C" __global__ void geglu(float* gate, const float* up, i8* q, float2* ds
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
-    float g = gate[i];
-    float v = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    float v = gelu_mul(gate[i], up[i]);
     gate[i] = v;
     if (do_q) q8_block(v, q + b * 32, ds + b);
 }
@@ -689,12 +694,38 @@ __device__ __forceinline__ void gemv_prologue(const u8* w, u64 off1, u64 off2, i
     PDL_TRIGGER();
 }
 
+// The activation fused into a gate/up GEMV (`gemv` with glu = 1 SwiGLU, 2 GeGLU; one token,
+// slot 0 gate and slot 1 up, rows a multiple of 32, 32 / rpb blocks of each per 32-row chunk):
+// a block that has written its rows counts itself in at its chunk's counter; the last of the
+// chunk's 2 * 32 / rpb blocks computes gate = act(gate) * up for the chunk's 32 rows, in place,
+// and their q8 block (into gq/gds unless null), as the `swiglu`/`geglu` kernels would, then
+// resets the counter for the next pass. The same bits as the GEMV then the activation kernel.
+__device__ __forceinline__ void glu_chunk(float* gate, const float* up, int row0, int rpb,
+                                          int glu, i8* gq, float2* gds, u32* cnt) {
+    __shared__ int last;
+    int c = row0 >> 5;
+    __threadfence();  // this block's writes, before the count says they are done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + c, 1u) == 2u * (32 / rpb) - 1;
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    int i = c * 32 + threadIdx.x;
+    // volatile: the other blocks' rows, past L1.
+    float g = ((volatile float*)gate)[i], u = ((volatile const float*)up)[i];
+    float v = glu == 1 ? silu_mul(g, u) : gelu_mul(g, u);
+    gate[i] = v;
+    if (gq) q8_block(v, gq + c * 32, gds + c);
+    if (threadIdx.x == 0) cnt[c] = 0;
+}
+
 template <int FMT>
 __device__ __forceinline__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0,
                                      const u8* w1, u64 a1, u64 b1, int rows1, float* out1,
                                      const u8* w2, u64 a2, u64 b2, int rows2, float* out2,
                                      int cols, const i8* xq, const float2* xds, const float* xf,
-                                     const i8* xq2, const float2* xds2, int acc, int pf) {
+                                     const i8* xq2, const float2* xds2, int acc, int pf,
+                                     int glu, i8* gq, float2* gds, u32* cnt) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
     int nb2 = (rows2 + rpb - 1) / rpb;
@@ -717,14 +748,16 @@ __device__ __forceinline__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, fl
     }
     gemv_prologue<FMT>(w, off1, off2, blk * rpb, rows, rpb, cols, pf && t == 0);
     int row = blk * rpb + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
-                           xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
-                           xq2 ? xds2 + t * (cols >> 5) : nullptr);
-    if ((threadIdx.x & 31) == 0) {
-        float* o = out + t * rows + row;
-        *o = acc ? *o + v : v;
+    if (row < rows) {
+        float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
+                               xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
+                               xq2 ? xds2 + t * (cols >> 5) : nullptr);
+        if ((threadIdx.x & 31) == 0) {
+            float* o = out + t * rows + row;
+            *o = acc ? *o + v : v;
+        }
     }
+    if (glu) glu_chunk(out0, out1, blk * rpb, rpb, glu, gq, gds, cnt);
 }
 
 #define GEMV_PARAMS                                                                            \
@@ -737,7 +770,10 @@ __device__ __forceinline__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, fl
         xf, xq2, xds2, acc, pf
 
 #define INSTANTIATE(NAME, FMT)                                                                 \
-    extern "C" __global__ void gemv_##NAME(GEMV_PARAMS) { gemv<FMT>(GEMV_ARGS); }              \
+    extern "C" __global__ void gemv_##NAME(GEMV_PARAMS, int glu, i8* gq, float2* gds,          \
+                                           u32* cnt) {                                         \
+        gemv<FMT>(GEMV_ARGS, glu, gq, gds, cnt);                                               \
+    }                                                                                          \
     extern "C" __global__ void dequant_##NAME(const u8* w, u64 off1, u64 off2, int rows,       \
                                               int cols, const u32* ids, float* out_f32,        \
                                               u16* out_bf16) {                                 \

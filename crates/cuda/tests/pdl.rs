@@ -1,11 +1,13 @@
 //! Programmatic dependent launch (`Gpu::set_pdl`, `DAMASCUS_CUDA_PDL`) changes when kernels
 //! start, never what they compute, and the decode fusions (`Gpu::set_fuse`,
-//! `DAMASCUS_CUDA_FUSE`) only how many launches compute it: a decode chain (every GEMV format,
-//! three matrices per launch, row counts that leave partial blocks, the two-level q8 path,
-//! RMSNorm, fused RoPE + attention across splits, SwiGLU, residual adds, the device argmax)
-//! gives the same bits with PDL on (with and without the GEMV weight prefetch) and with the
-//! fusions as with both off, launched eagerly and replayed from graphs; passes of 3 and 9
-//! tokens (the batched GEMV) likewise.
+//! `DAMASCUS_CUDA_FUSE`: RMSNorm + second q8 level, gate/up GEMV + SwiGLU/GeGLU) only how many
+//! launches compute it: a decode chain (every GEMV format, three matrices per launch, row
+//! counts that leave partial blocks, the two-level q8 path, RMSNorm, fused RoPE + attention
+//! across splits, SwiGLU, residual adds, the device argmax) gives the same bits with PDL on
+//! (with and without the GEMV weight prefetch) and with the fusions as with both off, launched
+//! eagerly and replayed from graphs; passes of 3 and 9 tokens (the batched GEMV) likewise; the
+//! fused activations (both kinds, 1 to 65 chunks of 32 rows) give the activation kernels'
+//! bits, q8 shadow included.
 //!
 //! Runs only with `--features cuda`. Without a device each test says SKIPPED and passes, unless
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure. On a device of
@@ -146,8 +148,12 @@ fn decode_chain_gives_the_same_bits_with_pdl_and_fusions() {
                 .unwrap();
             g.matmul_add(&wo, &a, &x).unwrap();
             g.rms_norm(&x, &norm, 1e-5, &h).unwrap();
+            let before = g.pending_ops();
             g.matmuls(&h, &[(&wg, &gate), (&wu, &up)], false).unwrap();
             g.swiglu(&gate, &up).unwrap();
+            // The gate/up GEMV; without the fusion a SwiGLU after it.
+            let ops = g.pending_ops() - before;
+            assert_eq!(ops, if fuse { 1 } else { 2 }, "fuse {fuse}");
             g.matmul_add(&wd, &gate, &x).unwrap();
             g.matmuls(&x, &[(&w1, &o1), (&wf, &of)], false).unwrap();
             g.end().unwrap();
@@ -247,4 +253,52 @@ fn batched_gemv_passes_give_the_same_bits_with_pdl_and_fusions() {
     assert!(plain == run(true, true, true), "PDL and fusions");
     g.set_pdl(false, false);
     g.set_fuse(false);
+}
+
+#[test]
+fn fused_activations_give_the_activation_kernels_bits() {
+    let Some(g) = gpu() else { return };
+    let _guard = SETTINGS.lock().unwrap_or_else(|p| p.into_inner());
+    for rows in [32usize, 96, 2080] {
+        let wg = matrix(&g, GgmlType::Q4_K, rows, 256, rows as u64);
+        let wu = matrix(&g, GgmlType::Q4_K, rows, 256, rows as u64 + 1);
+        let wd = matrix(&g, GgmlType::Q8_0, 33, rows, rows as u64 + 2);
+        for geglu in [false, true] {
+            let run = |fuse: bool, graphs: bool| -> Vec<Vec<f32>> {
+                g.set_fuse(fuse);
+                g.set_graphs(graphs);
+                let x = g.act(1, 256).unwrap();
+                let (gate, up, y) = (
+                    g.act(1, rows).unwrap(),
+                    g.act(1, rows).unwrap(),
+                    g.act(1, 33).unwrap(),
+                );
+                (0..3u64)
+                    .flat_map(|step| {
+                        g.write(&x, &randn(256, step + 7 * rows as u64)).unwrap();
+                        g.begin(1, step as usize).unwrap();
+                        g.matmuls(&x, &[(&wg, &gate), (&wu, &up)], false).unwrap();
+                        if geglu {
+                            g.geglu(&gate, &up).unwrap();
+                        } else {
+                            g.swiglu(&gate, &up).unwrap();
+                        }
+                        // Reads gate's q8 shadow.
+                        g.matmul(&wd, &gate, &y).unwrap();
+                        g.end().unwrap();
+                        [g.read(&gate).unwrap(), g.read(&y).unwrap()]
+                    })
+                    .collect()
+            };
+            let plain = run(false, false);
+            for graphs in [false, true] {
+                assert!(
+                    plain == run(true, graphs),
+                    "rows {rows}, geglu {geglu}, graphs {graphs}: fused bits differ"
+                );
+            }
+        }
+    }
+    g.set_fuse(false);
+    g.set_graphs(true);
 }

@@ -77,7 +77,8 @@ pub struct KernelSettings {
     /// it waits on the kernel before it (off with `DAMASCUS_CUDA_PDL=noprefetch`).
     pub cuda_pdl_prefetch: bool,
     /// CUDA: decode fusions (an RMSNorm feeding the two-level Q/K/V GEMV writes the second q8
-    /// level itself). `DAMASCUS_CUDA_FUSE` (1: on).
+    /// level itself; a one-token gate/up GEMV applies the activation). `DAMASCUS_CUDA_FUSE`
+    /// (1: on).
     pub cuda_fuse: bool,
 }
 

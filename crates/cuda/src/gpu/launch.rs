@@ -25,7 +25,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 24;
+pub(crate) const MAX_ARGS: usize = 27;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -411,10 +411,12 @@ kernels! {
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
     /// Up to three GEMVs of one format over the same activation; `prefetch`: each block asks
-    /// L2 for its weight rows before it waits on the kernel before it (PDL).
+    /// L2 for its weight rows before it waits on the kernel before it (PDL). `glu` (1 SwiGLU,
+    /// 2 GeGLU; 0 none) fuses the activation of a gate/up pair (one token): gate =
+    /// act(gate) * up and its q8 shadow into `gq`, `gds`, per 32-row chunk counted in `cnt`.
     Gemv in GEMV {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
-        acc: bool, prefetch: bool,
+        acc: bool, prefetch: bool, glu: i32, gq: Ptr, gds: Ptr, cnt: Ptr,
     }
     /// [`Gemv`] for `n_tok` (2..16) tokens, each weight unit loaded once per 8 tokens.
     GemvBatch in GEMV_BATCH {
@@ -527,10 +529,14 @@ mod tests {
             xds2: Ptr::NULL,
             acc: false,
             prefetch: true,
+            glu: 2,
+            gq: Ptr(12),
+            gds: Ptr::NULL,
+            cnt: Ptr(13),
         };
         assert_eq!(g.name(), "gemv_q6k");
-        assert_eq!(g.args().n, 23);
-        assert_eq!(g.args().v[22], 1);
+        assert_eq!(g.args().n, 27);
+        assert_eq!(&g.args().v[22..27], &[1, 2, 12, 0, 13]);
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub const MAX_GEMV_ROWS: usize = 64;
 /// Bytes of cuBLAS's workspace (NVIDIA's recommendation for Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
+/// Most 32-row chunks a gate/up GEMV with the activation fused may have (rows up to 32 times
+/// this; wider FFNs take the separate activation kernel).
+const GLU_CHUNKS: usize = 4096;
+
 /// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
 
@@ -115,8 +119,12 @@ pub struct Gpu {
     /// (on unless [`Gpu::set_two_level_qkv`] turns it off).
     two_level_qkv: AtomicBool,
     /// Decode fusions ([`Gpu::set_fuse`]; off at first): an RMSNorm whose output a two-level
-    /// GEMV takes next writes the second q8 level itself.
+    /// GEMV takes next writes the second q8 level itself; a gate/up GEMV applies the
+    /// activation.
     fuse: AtomicBool,
+    /// `[GLU_CHUNKS]` u32, zero between passes: the per-32-row chunk counters of a gate/up
+    /// GEMV with its activation fused (each chunk's last block resets its counter).
+    glu_counts: DevBuf,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
     /// Kernels launch with programmatic stream serialization (PDL) where they may
@@ -312,6 +320,7 @@ impl Gpu {
             index.insert(k, i);
         }
         let inputs = Self::alloc_on(&stream, 4 * 4096)?;
+        let glu_counts = Self::alloc_on(&stream, 4 * GLU_CHUNKS)?;
         // Defaults; the backend applies its settings through the setters.
         let graphs_enabled = !profile;
         let mmq_enabled = false;
@@ -334,6 +343,7 @@ impl Gpu {
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
             fuse: AtomicBool::new(false),
+            glu_counts,
             flash_ok,
             pdl_enabled: AtomicBool::new(false),
             pdl_prefetch: AtomicBool::new(false),

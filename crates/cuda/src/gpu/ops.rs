@@ -10,12 +10,14 @@ use super::launch::{
     QuantizeQ8Res, RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
-use super::{Gpu, MAX_GEMV_ROWS};
+use super::{GLU_CHUNKS, Gpu, MAX_GEMV_ROWS};
 use crate::error::CudaError;
 use crate::layout::Format;
 
 /// Warps per GEMV block.
 const GEMV_WARPS: usize = 4;
+// A 32-row chunk of a gate/up GEMV with its activation fused is whole blocks.
+const _: () = assert!(32 % GEMV_WARPS == 0);
 /// Matrices one GEMV launch takes.
 const GEMV_MATS: usize = 3;
 /// Tokens per weight load of the decode-batch GEMV (the kernel's `GB_TOK`).
@@ -294,23 +296,29 @@ impl Gpu {
                 );
                 continue;
             }
-            self.push(
-                Gemv {
-                    variant: w0.format as usize,
-                    mats,
-                    cols: w0.cols as i32,
-                    xq: q,
-                    xds: ds,
-                    xf: x.x.ptr,
-                    xq2,
-                    xds2: ds2,
-                    acc,
-                    prefetch: self.pdl_prefetch(),
-                },
-                // (row block, token), token fastest (the kernel's order).
-                [(blocks * x.n) as u32, 1, 1],
-                block,
-            );
+            let k = Gemv {
+                variant: w0.format as usize,
+                mats,
+                cols: w0.cols as i32,
+                xq: q,
+                xds: ds,
+                xf: x.x.ptr,
+                xq2,
+                xds2: ds2,
+                acc,
+                prefetch: self.pdl_prefetch(),
+                glu: 0,
+                gq: Ptr::NULL,
+                gds: Ptr::NULL,
+                cnt: Ptr::NULL,
+            };
+            // (row block, token), token fastest (the kernel's order).
+            self.push(k, [(blocks * x.n) as u32, 1, 1], block);
+            if x.n == 1 {
+                let mut r = self.rec();
+                let at = r.ops.len() - 1;
+                r.last_gemv = Some((at, k));
+            }
         }
         Ok(())
     }
@@ -344,6 +352,47 @@ impl Gpu {
             }
             _ => (Ptr::NULL, Ptr::NULL),
         }
+    }
+
+    /// With the fusions on ([`Gpu::set_fuse`]), when the last op recorded is the one-token GEMV
+    /// that wrote `gate` (slot 0) and `up` (slot 1) alone, of rows a multiple of 32 (and
+    /// of at most `GLU_CHUNKS` chunks), has it apply the activation `glu` (1 SwiGLU, 2 GeGLU)
+    /// and write gate's q8 shadow; false (nothing changed) otherwise. The caller checked the
+    /// shapes.
+    fn fuse_glu(&self, gate: &DevAct, up: &DevAct, glu: i32) -> bool {
+        if !self.fuse.load(Ordering::Relaxed) || gate.n != 1 {
+            return false;
+        }
+        let mut r = self.rec();
+        let Some((at, mut k)) = r.last_gemv else {
+            return false;
+        };
+        let [m0, m1, m2] = k.mats;
+        let rows = gate.width;
+        let fits = at + 1 == r.ops.len()
+            && !k.acc
+            && m0.out == gate.x.ptr
+            && m1.out == up.x.ptr
+            && m2.rows == 0
+            && m0.rows as usize == rows
+            && m1.rows as usize == rows
+            && rows.is_multiple_of(32)
+            && rows / 32 <= GLU_CHUNKS;
+        if !fits {
+            return false;
+        }
+        let (q, ds) = gate.q8_ptrs();
+        k.glu = glu;
+        k.gq = q;
+        k.gds = ds;
+        k.cnt = self.glu_counts.ptr;
+        match &mut r.ops[at] {
+            Op::Launch { args, .. } => *args = k.args(),
+            _ => return false,
+        }
+        r.last_gemv = None;
+        gate.q_fresh.store(gate.q.is_some(), Ordering::Relaxed);
+        true
     }
 
     /// With the fusions on ([`Gpu::set_fuse`]), when the last op recorded is the RMSNorm that
@@ -474,6 +523,9 @@ impl Gpu {
                 "swiglu: {n} elements, not a multiple of 32"
             )));
         }
+        if self.fuse_glu(gate, up, 1) {
+            return Ok(());
+        }
         let (q, ds) = gate.q8_ptrs();
         self.push(
             Swiglu {
@@ -499,6 +551,9 @@ impl Gpu {
             return Err(CudaError::Shape(format!(
                 "geglu: {n} elements, not a multiple of 32"
             )));
+        }
+        if self.fuse_glu(gate, up, 2) {
+            return Ok(());
         }
         let (q, ds) = gate.q8_ptrs();
         self.push(

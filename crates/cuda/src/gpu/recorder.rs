@@ -11,11 +11,14 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::{CudaGraph, result, sys};
 
 use super::buffers::{DevAct, DevBuf};
-use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr, RmsNorm};
+use super::launch::{ArgmaxRows, Args, Gemv, KERNELS, Launch, MAX_ARGS, Ptr, RmsNorm};
 use super::profile::Profile;
 use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, MAX_GRAPHS, call};
 use crate::error::CudaError;
 
+// Launches are nearly every op, so their inline arguments are the common size (boxing them
+// would allocate per recorded launch).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Op {
     Launch {
@@ -73,6 +76,9 @@ pub(super) struct Recorder {
     /// The last RMSNorm recorded and its index in `ops` (a following two-level GEMV may
     /// have it write the second q8 level: [`Gpu::set_fuse`]).
     pub(super) last_norm: Option<(usize, RmsNorm)>,
+    /// The last one-token GEMV recorded and its index in `ops` (a following activation may
+    /// fuse into it: [`Gpu::set_fuse`]).
+    pub(super) last_gemv: Option<(usize, Gemv)>,
     graphs: HashMap<u64, Graph>,
 }
 
@@ -91,6 +97,7 @@ impl Recorder {
             decode_batch: false,
             flushed_mid: false,
             last_norm: None,
+            last_gemv: None,
             graphs: HashMap::new(),
         }
     }
@@ -131,6 +138,7 @@ impl Gpu {
         }
         r.ops.clear();
         r.last_norm = None;
+        r.last_gemv = None;
         r.n_tokens = n_tokens;
         r.flushed_mid = false;
         r.inputs_host.clear();
@@ -224,7 +232,8 @@ impl Gpu {
 
     /// Turns the decode fusions on or off (off at first): an RMSNorm whose output a GEMV on
     /// two-level q8 activations takes next (the Q/K/V projections) writes the second level
-    /// itself, one `quantize_q8_res` launch fewer per layer. Same bits either way.
+    /// itself, and a one-token gate/up GEMV applies SwiGLU/GeGLU (and the q8 shadow) itself,
+    /// two launches fewer per layer. Same bits either way.
     pub fn set_fuse(&self, on: bool) {
         self.fuse.store(on, Ordering::Relaxed);
     }
@@ -291,6 +300,7 @@ impl Gpu {
         }
         let ops = std::mem::take(&mut r.ops);
         r.last_norm = None;
+        r.last_gemv = None;
         let has_gemm = ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
         // A decode batch on cuBLAS is graphed too where cuBLAS has its own workspace (it then
         // allocates nothing while captured) and no capture of one has failed.
