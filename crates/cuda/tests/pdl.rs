@@ -176,6 +176,14 @@ fn decode_chain_gives_the_same_bits_with_pdl_and_fusions() {
                 "PDL was turned off: the driver refused it (see stderr)"
             );
         }
+        if graphs {
+            // The graphs of this mode (and of earlier ones still cached: counts only add).
+            let (all, programmatic) = g.graph_edges().unwrap();
+            eprintln!("PDL {pdl}, fusions {fuse}: graph edges {all}, programmatic {programmatic}");
+            if pdl && g.compute_capability.0 >= 9 {
+                assert!(programmatic > 0, "capture dropped the programmatic edges");
+            }
+        }
         match &base {
             None => base = Some(got),
             Some(want) => assert!(

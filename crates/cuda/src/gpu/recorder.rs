@@ -267,6 +267,59 @@ impl Gpu {
         self.pdl_prefetch.load(Ordering::Relaxed)
     }
 
+    /// The dependency edges of every cached graph: (all, programmatic). Tests check that
+    /// capture kept the programmatic launches as programmatic edges.
+    pub fn graph_edges(&self) -> Result<(usize, usize), CudaError> {
+        let r = self.rec();
+        let (mut all, mut programmatic) = (0, 0);
+        for g in r.graphs.values() {
+            let h = g.0.cu_graph();
+            let mut n = 0usize;
+            // SAFETY: `h` is a live graph (owned by `g`, under the recorder's lock); null
+            // arrays ask for the edge count only.
+            unsafe {
+                sys::cuGraphGetEdges_v2(
+                    h,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut n,
+                )
+            }
+            .result()
+            .map_err(call("counting graph edges"))?;
+            let mut from = vec![std::ptr::null_mut(); n];
+            let mut to = vec![std::ptr::null_mut(); n];
+            let none = sys::CUgraphEdgeData {
+                from_port: 0,
+                to_port: 0,
+                type_: 0,
+                reserved: [0; 5],
+            };
+            let mut data = vec![none; n];
+            // SAFETY: the three arrays hold `n` entries each, as `n` tells the driver.
+            unsafe {
+                sys::cuGraphGetEdges_v2(
+                    h,
+                    from.as_mut_ptr(),
+                    to.as_mut_ptr(),
+                    data.as_mut_ptr(),
+                    &mut n,
+                )
+            }
+            .result()
+            .map_err(call("reading graph edges"))?;
+            all += n;
+            // A programmatic edge: its type, or a launch port other than the default one.
+            let prog = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+            programmatic += data[..n.min(data.len())]
+                .iter()
+                .filter(|e| e.type_ == prog || e.from_port != 0)
+                .count();
+        }
+        Ok((all, programmatic))
+    }
+
     /// How many ops are recorded and not yet run (tests count what a fusion saves).
     pub fn pending_ops(&self) -> usize {
         self.rec().ops.len()
