@@ -111,32 +111,40 @@ pub(crate) trait Launch {
 /// (`PDL_WAIT()` in `kernels/damascus.cu`).
 const GRID_WAIT: &str = "griddepcontrol.wait";
 
-/// Whether entry `name` of the module `ptx` runs [`GRID_WAIT`] (in its own body: the kernels
-/// spell it in the entry or in functions inlined into it). Only such a kernel may be launched
-/// with programmatic stream serialization: it may start before the kernel it depends on has
-/// finished, and waits for it there.
-pub(crate) fn waits_on_grid(ptx: &str, name: &str) -> bool {
-    let head = format!(".entry {name}(");
-    let Some(start) = ptx.find(&head) else {
-        return false;
-    };
-    let Some(open) = ptx[start..].find('{').map(|i| start + i) else {
-        return false;
-    };
-    let mut depth = 0usize;
-    for (i, c) in ptx[open..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return ptx[open..open + i].contains(GRID_WAIT);
+/// The entries of the module `ptx` that run [`GRID_WAIT`] in their own body (the kernels
+/// spell it in the entry or in functions inlined into it), in one pass over the text. Only
+/// such a kernel may be launched with programmatic stream serialization: it may start before
+/// the kernel it depends on has finished, and waits for it there.
+pub(crate) fn grid_waiting_entries(ptx: &str) -> std::collections::HashSet<&str> {
+    let mut out = std::collections::HashSet::new();
+    let mut rest = ptx;
+    while let Some(at) = rest.find(".entry ") {
+        rest = &rest[at + ".entry ".len()..];
+        let Some(paren) = rest.find('(') else { break };
+        let name = rest[..paren].trim();
+        let Some(open) = rest.find('{') else { break };
+        let mut depth = 0usize;
+        let mut end = None;
+        for (i, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(open + i);
+                        break;
+                    }
                 }
+                _ => {}
             }
-            _ => {}
         }
+        let Some(end) = end else { break };
+        if rest[open..end].contains(GRID_WAIT) {
+            out.insert(name);
+        }
+        rest = &rest[end..];
     }
-    false
+    out
 }
 
 /// `Name = "kernel" { field: Type, ... }` declares a launch of one kernel;
@@ -545,12 +553,11 @@ mod tests {
 .visible .entry quiet(\n\t.param .u64 quiet_param_0\n)\n{\n\t{\n\t.reg .b32 t;\n\t}\n\tret;\n}\n\
 .visible .entry waits(\n\t.param .u64 waits_param_0\n)\n{\n\t{\n\t}\n\tgriddepcontrol.wait;\n\tret;\n}\n\
 .visible .entry wai(\n)\n{\n\tret;\n}\n";
-        assert!(waits_on_grid(ptx, "waits"));
         // The next entry's wait is not this one's, and a name that is a prefix is not a match.
-        assert!(!waits_on_grid(ptx, "quiet"));
-        assert!(!waits_on_grid(ptx, "wai"));
-        assert!(!waits_on_grid(ptx, "missing"));
-        assert!(!waits_on_grid("garbage .entry waits( no body", "waits"));
+        let got = grid_waiting_entries(ptx);
+        assert_eq!(got.into_iter().collect::<Vec<_>>(), ["waits"]);
+        assert!(grid_waiting_entries("garbage .entry waits( no body").is_empty());
+        assert!(grid_waiting_entries(".entry w( { griddepcontrol.wait; ").is_empty());
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //!
 //! With programmatic dependent launch on ([`Gpu::set_pdl`], sm_90+), a kernel that follows
 //! another kernel and whose PTX waits on the grid before it (`PDL_WAIT()` in the kernels,
-//! found by `launch::waits_on_grid` when the module loads) launches with programmatic
+//! found by `launch::grid_waiting_entries` when the module loads) launches with programmatic
 //! stream serialization: its blocks start while that kernel drains (decode GEMV blocks
 //! prefetch their weight rows into L2 meanwhile) and wait in-kernel for its results. Stream
 //! capture keeps those edges in the graphs; the graph key includes the switch.
@@ -292,10 +292,12 @@ impl Gpu {
         let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
         let ptx = ptx_for(arch)?;
         // PDL needs sm_90 (the kernels compile `PDL_WAIT()` to nothing below it).
+        let waiting = launch::grid_waiting_entries(&ptx);
         let pdl_ok: Vec<bool> = KERNELS
             .iter()
-            .map(|k| cc.0 >= 9 && launch::waits_on_grid(&ptx, k))
+            .map(|k| cc.0 >= 9 && waiting.contains(k))
             .collect();
+        drop(waiting);
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(call("loading the kernels"))?;
