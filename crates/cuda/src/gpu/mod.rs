@@ -51,12 +51,13 @@ use profile::Profile;
 use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
-/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
+/// `gemv.cu` (dequantization and the one-token GEMVs), `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
 /// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
 /// batched pass over the shared paged KV pool, built from the other files' device functions)
 /// and `gemv_batch.cu` (the GEMV of a decode batch).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
+    include_str!("../../kernels/gemv.cu"),
     include_str!("../../kernels/mmq.cu"),
     include_str!("../../kernels/flash.cu"),
     include_str!("../../kernels/paged.cu"),
