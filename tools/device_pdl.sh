@@ -12,7 +12,7 @@
 #                            `pdl` and damascus-model's `cuda_pdl`, stripped
 #   tools/                   copies of tools/device_pdl.sh and tools/pdl_ab.py
 #   home/tokenizers/llama3.2/tokenizer.json   the Llama 3.2 tokenizer
-# Environment: ROUNDS (default 5) x PER (default 2) runs per variant; GROUPS_ (pdl_ab groups,
+# Environment: BUILD_ROOT (above); ROUNDS (default 5) x PER (default 2) runs per variant; GROUPS_ (pdl_ab groups,
 # default "0/128/0,4096"); VARIANTS (space-separated VAR=value[,VAR=value...], default: PDL
 # 0, 1, noprefetch, and 1 with DAMASCUS_CUDA_FUSE=1); PROFILE=1 also writes per-op profiles
 # of one decode (PDL is off under the profiler: a baseline for where time goes).
@@ -29,8 +29,10 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 { nvidia-smi; echo; "$D/cuda/damascus" --device-info; } > "$OUT/device.txt" 2>&1
-# Test binaries name their fixtures by the build machine's absolute path.
-[ -d /work/wt/cudapdl ] || { mkdir -p /work/wt && ln -s "$PWD" /work/wt/cudapdl; }
+# Test binaries name their fixtures by the build machine's absolute path (BUILD_ROOT: the
+# checkout they were built in, default /work/main).
+BUILD_ROOT=${BUILD_ROOT:-/work/main}
+[ -d "$BUILD_ROOT" ] || { mkdir -p "$(dirname "$BUILD_ROOT")" && ln -s "$PWD" "$BUILD_ROOT"; }
 cd /tmp
 : > "$OUT/tests.txt"
 for t in "$D"/cuda/test-*; do
