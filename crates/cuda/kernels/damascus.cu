@@ -58,10 +58,10 @@ typedef unsigned long long u64;
 #endif
 // The prologue of a small kernel: the next kernel may launch at once (it waits in turn), then
 // this one waits for its inputs. One line at the top of a kernel.
-#define PDL_START() \
-    do {            \
+#define PDL_START()    \
+    do {               \
         PDL_TRIGGER(); \
-        PDL_WAIT(); \
+        PDL_WAIT();    \
     } while (0)
 
 __device__ __forceinline__ float h2f(u16 h) {
@@ -144,7 +144,8 @@ extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const fl
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
-// 0), and its second level (`quantize_q8_res`, the same bits) into q2/ds2 when q2 is given. Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
+// 0), and its second level (`quantize_q8_res`, the same bits) into q2/ds2 when q2 is given.
+// Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
 // (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
 // (chunk b goes to block (b / warps) % blocks). Decode spreads one token over several blocks;
 // a prompt gives each token one block (no row read more than twice).
