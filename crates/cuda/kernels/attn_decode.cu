@@ -234,6 +234,7 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
         const float* q, const u16* kc, const u16* vc, const u32* inputs, float* part_o,        \
         float2* part_ml, int n_head, int group, int n_ctx, int n_split, int chunk,             \
         float scale, int window) {                                                             \
+        PDL_START();                                                                           \
         const u32* table = nullptr;                                                            \
         int bs = 1;                                                                            \
         AD_GROUPS(D, false)                                                                    \
@@ -242,6 +243,7 @@ __device__ void attn_decode(const float* q, const u16* kc, const u16* vc, const 
         const float* q, const u16* kc, const u16* vc, const u32* bat, float* part_o,           \
         float2* part_ml, int n_head, int group, int n_ctx, int n_split, float scale,           \
         int window, int bs, int n_tok) {                                                       \
+        PDL_START();                                                                           \
         int z = blockIdx.z;                                                                    \
         int row = bat[3 * n_tok + z];                                                          \
         const u32* inputs = bat + row;                                                         \

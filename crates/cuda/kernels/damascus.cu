@@ -38,6 +38,34 @@ typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90+). A kernel the host launches with the programmatic
+// stream-serialization attribute (`DAMASCUS_CUDA_PDL=1`) may start while the kernel before it
+// drains; `PDL_WAIT()` then blocks until that kernel has completed and its writes are
+// visible, so every such kernel runs it before touching anything another kernel writes (and
+// before its own writes). Every thread of it runs `PDL_WAIT()` before its first early return
+// too, so the grid never completes before the one it waited for: the chain stays transitive.
+// `PDL_TRIGGER()` lets the next kernel's blocks launch early. Without the attribute (or below
+// sm_90) both are no-ops, so results are the same bits either way. The host launches a
+// kernel with the attribute only where its PTX holds `griddepcontrol.wait`.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT() \
+    do {           \
+    } while (0)
+#define PDL_TRIGGER() \
+    do {              \
+    } while (0)
+#endif
+// The prologue of a small kernel: the next kernel may launch at once (it waits in turn), then
+// this one waits for its inputs. One line at the top of a kernel.
+#define PDL_START()    \
+    do {               \
+        PDL_TRIGGER(); \
+        PDL_WAIT();    \
+    } while (0)
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -73,8 +101,15 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 __device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
 __device__ __forceinline__ uint4 ld128(const u8* p) { return *(const uint4*)p; }
 
-// Quantizes one 32-block held one element per lane of a full warp.
-__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+// What `d * q` misses of x: the input of a two-level shadow's second level. One spelling (an
+// explicit fma) for `quantize_q8_res` and the fused `rms_norm`, so both give the same bits.
+__device__ __forceinline__ float q8_res(float x, float d, i8 q) {
+    return __fmaf_rn(-d, (float)q, x);
+}
+
+// Quantizes one 32-block held one element per lane of a full warp; returns what the q8 value
+// misses of v (the second level's input: `q8_res`).
+__device__ __forceinline__ float q8_block(float v, i8* q, float2* ds) {
     int lane = threadIdx.x & 31;
     float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
@@ -83,6 +118,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
     q[lane] = (i8)qi;
     int s = warp_sum_i(qi);
     if (lane == 0) *ds = make_float2(d, d * (float)s);
+    return q8_res(v, d, (i8)qi);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -90,6 +126,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
 
 // x [n_blocks * 32] f32 -> q8. One warp per 32-block.
 extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_blocks) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int lane = threadIdx.x & 31;
@@ -100,20 +137,24 @@ extern "C" __global__ void quantize_q8(const float* x, i8* q, float2* ds, int n_
 // that x ≈ d₁q₁ + d₂q₂ (the Q/K/V projections' inputs). One warp per 32-block.
 extern "C" __global__ void quantize_q8_res(const float* x, const i8* q, const float2* ds,
                                            i8* q2, float2* ds2, int n_blocks) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int lane = threadIdx.x & 31;
-    float r = x[b * 32 + lane] - ds[b].x * (float)q[b * 32 + lane];
+    float r = q8_res(x[b * 32 + lane], ds[b].x, q[b * 32 + lane]);
     q8_block(r, q2 + b * 32, ds2 + b);
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w; also the q8 shadow of out when do_q (width % 32 ==
-// 0). Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
+// 0), and its second level (`quantize_q8_res`, the same bits) into q2/ds2 when q2 is given.
+// Grid (blocks per token, n_tok): every block sums the squares of its token's whole row
 // (L2-resident, strided by blockDim.x), then its warps scale the 32-element chunks it owns
 // (chunk b goes to block (b / warps) % blocks). Decode spreads one token over several blocks;
 // a prompt gives each token one block (no row read more than twice).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, float* out,
-                                    i8* q, float2* ds, int width, int do_q) {
+                                    i8* q, float2* ds, i8* q2, float2* ds2, int width,
+                                    int do_q) {
+    PDL_START();
     __shared__ float red[32];
     int t = blockIdx.y;
     const float* xr = x + (u64)t * width;
@@ -134,19 +175,29 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, f
         int i = b * 32 + lane;
         float v = i < width ? xr[i] * scale * w[i] : 0.0f;
         if (i < width) out[(u64)t * width + i] = v;
-        if (do_q) q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+        if (do_q) {
+            float r = q8_block(v, q + (u64)t * width + b * 32, ds + (u64)t * (width >> 5) + b);
+            if (q2) q8_block(r, q2 + (u64)t * width + b * 32, ds2 + (u64)t * (width >> 5) + b);
+        }
     }
+}
+
+// silu(g) * u and gelu_tanh(g) * u: one spelling for the activation kernels and the GEMV that
+// fuses them (`gemv` with glu), so both give the same bits.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float gelu_mul(float g, float u) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
 }
 
 // gate = silu(gate) * up over n elements; also the q8 shadow of gate (n % 32 == 0). One warp
 // per 32-block.
 extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
                                   int do_q) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
-    float g = gate[i];
-    float v = g / (1.0f + expf(-g)) * up[i];
+    float v = silu_mul(gate[i], up[i]);
     gate[i] = v;
     if (do_q) q8_block(v, q + b * 32, ds + b);
 }
@@ -155,17 +206,18 @@ extern "C" __global__ void swiglu(float* gate, const float* up, i8* q, float2* d
 // 0). One warp per 32-block.
 extern "C" __global__ void geglu(float* gate, const float* up, i8* q, float2* ds, int n_blocks,
                                  int do_q) {
+    PDL_START();
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= n_blocks) return;
     int i = b * 32 + (threadIdx.x & 31);
-    float g = gate[i];
-    float v = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    float v = gelu_mul(gate[i], up[i]);
     gate[i] = v;
     if (do_q) q8_block(v, q + b * 32, ds + b);
 }
 
 // x[t, i] += b[i]: x [n / width, width].
 extern "C" __global__ void add_bias(float* x, const float* b, int width, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % width];
 }
@@ -174,6 +226,7 @@ extern "C" __global__ void add_bias(float* x, const float* b, int width, int n) 
 // One warp per row.
 extern "C" __global__ void rms_norm_heads(float* x, const float* w, float eps, int n_rows,
                                           int head_dim) {
+    PDL_START();
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= n_rows) return;
     int lane = threadIdx.x & 31;
@@ -187,24 +240,28 @@ extern "C" __global__ void rms_norm_heads(float* x, const float* w, float eps, i
 
 // x *= s over n elements.
 extern "C" __global__ void scale_act(float* x, float s, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 // x = cap * tanh(x / cap) over n elements (logit soft-capping).
 extern "C" __global__ void softcap(float* x, float cap, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // x += y over n elements.
 extern "C" __global__ void add(float* x, const float* y, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // f32 -> bf16 over n elements (the GEMM's activation operand).
 extern "C" __global__ void to_bf16(const float* x, u16* y, int n) {
+    PDL_START();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
@@ -213,6 +270,7 @@ extern "C" __global__ void to_bf16(const float* x, u16* y, int n) {
 // rotated pair; neox selects the (i, i + half) pairing instead of (2i, 2i + 1).
 extern "C" __global__ void rope(float* x, const u32* inputs, const float* inv_freq, int n_tok,
                                 int n_head, int head_dim, int half, int neox) {
+    PDL_START();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int per_tok = n_head * half;
     if (idx >= n_tok * per_tok) return;
@@ -281,6 +339,7 @@ extern "C" __global__ void rope_kv(float* q, const float* k, const float* v, u16
                                    const u32* inputs, const float* inv_freq, int n_tok,
                                    int n_head, int n_kv, int head_dim, int half, int neox,
                                    int n_ctx) {
+    PDL_START();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int pairs = head_dim >> 1;
     int per_tok = (n_head + n_kv) * pairs;
@@ -347,370 +406,6 @@ __device__ __forceinline__ void kv_load(const u8* head, int n_ctx, u32 slot, int
         }
     }
 }
-
-// ---------------------------------------------------------------------------------------
-// Dequantization: group g (32 weights) of row `row`.
-
-__device__ __forceinline__ void scale_min_k4(int j, const u8* s, int* sc, int* m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-template <int FMT>
-__device__ void deq32(const u8* w, u64 off1, u64 off2, u64 row, int g, int cols, float* o) {
-    if (FMT == FMT_Q4K) {
-        u64 nb = cols >> 8;
-        const u8* B = w + (row * nb + (g >> 3)) * 144;
-        int s = g & 7;
-        float d = h2f(*(const u16*)B), dmin = h2f(*(const u16*)(B + 2));
-        int sc, m;
-        scale_min_k4(s, B + 4, &sc, &m);
-        float dl = d * (float)sc, ml = dmin * (float)m;
-        const u8* qs = B + 16 + 32 * (s >> 1);
-        int sh = (s & 1) * 4;
-        for (int l = 0; l < 32; l++) o[l] = dl * (float)((qs[l] >> sh) & 0xF) - ml;
-    } else if (FMT == FMT_Q41) {
-        u64 nb = cols >> 5;
-        const u8* B = w + (row * nb + g) * 20;
-        float d = h2f(*(const u16*)B), m = h2f(*(const u16*)(B + 2));
-        for (int j = 0; j < 16; j++) {
-            o[j] = d * (float)(B[4 + j] & 0xF) + m;
-            o[j + 16] = d * (float)(B[4 + j] >> 4) + m;
-        }
-    } else if (FMT == FMT_Q80) {
-        u64 blk = row * (cols >> 5) + g;
-        const i8* qs = (const i8*)(w + blk * 32);
-        float d = h2f(((const u16*)(w + off1))[blk]);
-        for (int j = 0; j < 32; j++) o[j] = d * (float)qs[j];
-    } else if (FMT == FMT_Q50) {
-        u64 blk = row * (cols >> 5) + g;
-        const u8* qs = w + blk * 16;
-        u32 qh = ((const u32*)(w + off1))[blk];
-        float d = h2f(((const u16*)(w + off2))[blk]);
-        for (int j = 0; j < 16; j++) {
-            int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-            int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            o[j] = d * (float)(lo - 16);
-            o[j + 16] = d * (float)(hi - 16);
-        }
-    } else if (FMT == FMT_Q6K) {
-        u64 blk = row * (cols >> 8) + (g >> 3);
-        const u8* qlh = w + blk * 192;
-        const i8* scs = (const i8*)(w + off1 + blk * 16);
-        float d = h2f(((const u16*)(w + off2))[blk]);
-        int s = g & 7, n = s >> 2, k = s & 3;
-        const u8* ql = qlh + 64 * n + 32 * (k & 1);
-        const u8* qh = qlh + 128 + 32 * n;
-        int sh = k < 2 ? 0 : 4;
-        for (int l = 0; l < 32; l++) {
-            int q = ((ql[l] >> sh) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);
-            o[l] = d * (float)scs[8 * n + 2 * k + (l >> 4)] * (float)(q - 32);
-        }
-    } else {
-        const u16* p = (const u16*)w + row * (u64)cols + g * 32;
-        for (int j = 0; j < 32; j++) o[j] = h2f(p[j]);
-    }
-}
-
-// Dequantizes rows of w into out_f32 [n_out, cols] and/or out_bf16 [n_out, cols]. Output row r
-// is weight row ids[r] when ids is given (embedding lookup; ids = inputs + 1), else row r.
-// Token ids are checked on the host; a row past `rows` is written as zeros, never read.
-template <int FMT>
-__device__ void dequant_rows(const u8* w, u64 off1, u64 off2, int rows, int cols,
-                             const u32* ids, float* out_f32, u16* out_bf16) {
-    u64 r = blockIdx.x;
-    u64 row = ids ? (u64)ids[r] : r;
-    float o[32];
-    for (int g = threadIdx.x; g < (cols >> 5); g += blockDim.x) {
-        if (row < (u64)rows) {
-            deq32<FMT>(w, off1, off2, row, g, cols, o);
-        } else {
-            for (int j = 0; j < 32; j++) o[j] = 0.0f;
-        }
-        u64 base = r * cols + g * 32;
-        if (out_f32)
-            for (int j = 0; j < 32; j++) out_f32[base + j] = o[j];
-        if (out_bf16)
-            for (int j = 0; j < 32; j++) out_bf16[base + j] = f2bf(o[j]);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// GEMV: out[t, row] = sum_c W[row, c] * x[t, c]. One warp per row, 4 rows per block, blocks
-// (row block, token) flattened token-fastest on x. Each lane takes "units" (a fixed slice of
-// the row's blocks) in turn; quantized formats use dp4a against the q8 shadow, f16 uses the
-// f32 activations.
-
-// A unit is 16 bytes of quants: 16 weights of sub-block 2j and 16 of 2j + 1 (half h of each).
-// The min term needs the sum of x over a whole 32-block, which the q8 shadow carries (ds.y =
-// d * sum q): the h = 0 lane of a pair adds it for both halves.
-__device__ __forceinline__ float unit_q4k(const u8* w, u64 row, int u, int cols, const i8* xq,
-                                          const float2* xds) {
-    u64 nb = cols >> 8;
-    int sb = u >> 3, p = u & 7, j = p >> 1, h = p & 1;
-    const u8* B = w + (row * nb + sb) * 144;
-    float d = h2f(*(const u16*)B), dmin = h2f(*(const u16*)(B + 2));
-    int sc1, m1, sc2, m2;
-    scale_min_k4(2 * j, B + 4, &sc1, &m1);
-    scale_min_k4(2 * j + 1, B + 4, &sc2, &m2);
-    uint4 q = ld128(B + 16 + 32 * j + 16 * h);
-    const u8* xb = (const u8*)xq + sb * 256 + 64 * j + 16 * h;
-    uint4 xl = ld128(xb), xh = ld128(xb + 32);
-    u32 qw[4] = {q.x, q.y, q.z, q.w};
-    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
-    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
-    int dl = 0, dh = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        dl = dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], dl);
-        dh = dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], dh);
-    }
-    float2 dsl = xds[sb * 8 + 2 * j], dsh = xds[sb * 8 + 2 * j + 1];
-    float mins = dmin * ((float)m1 * dsl.y + (float)m2 * dsh.y);
-    return d * ((float)sc1 * dsl.x * (float)dl + (float)sc2 * dsh.x * (float)dh) -
-           (h ? 0.0f : mins);
-}
-
-__device__ __forceinline__ float unit_q6k(const u8* w, u64 off1, u64 off2, u64 row, int u,
-                                          int cols, const i8* xq, const float2* xds) {
-    u64 nb = cols >> 8;
-    int sb = u >> 2, p = u & 3, n = p >> 1, ih = p & 1;
-    u64 blk = row * nb + sb;
-    const u8* qlh = w + blk * 192;
-    const i8* scs = (const i8*)(w + off1 + blk * 16);
-    float d = h2f(((const u16*)(w + off2))[blk]);
-    uint4 a4 = ld128(qlh + 64 * n + 16 * ih);
-    uint4 b4 = ld128(qlh + 64 * n + 32 + 16 * ih);
-    uint4 h4 = ld128(qlh + 128 + 32 * n + 16 * ih);
-    u32 aw[4] = {a4.x, a4.y, a4.z, a4.w};
-    u32 bw[4] = {b4.x, b4.y, b4.z, b4.w};
-    u32 hw[4] = {h4.x, h4.y, h4.z, h4.w};
-    const u8* xb = (const u8*)xq + sb * 256 + 128 * n + 16 * ih;
-    u32 xw[4][4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint4 v = ld128(xb + 32 * k);
-        xw[k][0] = v.x, xw[k][1] = v.y, xw[k][2] = v.z, xw[k][3] = v.w;
-    }
-    // Scales 8n + ih + 2k (k = 0..3): bytes ih, ih + 2 of each of two words.
-    const u8* sp = (const u8*)scs + 8 * n;
-    u32 s_lo = ld32(sp), s_hi = ld32(sp + 4);
-    int dot[4] = {0, 0, 0, 0}, sum[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        u32 qk[4];
-        qk[0] = (aw[i] & 0x0F0F0F0Fu) | ((hw[i] << 4) & 0x30303030u);
-        qk[1] = (bw[i] & 0x0F0F0F0Fu) | ((hw[i] << 2) & 0x30303030u);
-        qk[2] = ((aw[i] >> 4) & 0x0F0F0F0Fu) | (hw[i] & 0x30303030u);
-        qk[3] = ((bw[i] >> 4) & 0x0F0F0F0Fu) | ((hw[i] >> 2) & 0x30303030u);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int xv = (int)xw[k][i];
-            dot[k] = dp4a((int)qk[k], xv, dot[k]);
-            sum[k] = dp4a(0x01010101, xv, sum[k]);
-        }
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float dx = xds[sb * 8 + 4 * n + k].x;
-        u32 word = k < 2 ? s_lo : s_hi;
-        int sc = (int)(i8)((word >> (8 * (ih + 2 * (k & 1)))) & 0xFF);
-        acc += (float)sc * dx * (float)(dot[k] - 32 * sum[k]);
-    }
-    return d * acc;
-}
-
-__device__ __forceinline__ float unit_q80(const u8* w, u64 off1, u64 row, int u, int cols,
-                                          const i8* xq, const float2* xds) {
-    u64 blk = row * (cols >> 5) + u;
-    const u8* qs = w + blk * 32;
-    float d = h2f(((const u16*)(w + off1))[blk]);
-    const u8* xb = (const u8*)xq + u * 32;
-    int acc = 0;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        uint4 q = ld128(qs + 16 * k), x = ld128(xb + 16 * k);
-        acc = dp4a((int)q.x, (int)x.x, acc);
-        acc = dp4a((int)q.y, (int)x.y, acc);
-        acc = dp4a((int)q.z, (int)x.z, acc);
-        acc = dp4a((int)q.w, (int)x.w, acc);
-    }
-    return d * xds[u].x * (float)acc;
-}
-
-__device__ __forceinline__ float unit_q41(const u8* w, u64 row, int u, int cols, const i8* xq,
-                                          const float2* xds) {
-    const u8* B = w + (row * (cols >> 5) + u) * 20;
-    float d = h2f(*(const u16*)B), m = h2f(*(const u16*)(B + 2));
-    const u8* xb = (const u8*)xq + u * 32;
-    uint4 xl = ld128(xb), xh = ld128(xb + 16);
-    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
-    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
-    int acc = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        u32 q = ld32(B + 4 + 4 * k);
-        acc = dp4a((int)(q & 0x0F0F0F0Fu), xlw[k], acc);
-        acc = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), xhw[k], acc);
-    }
-    float2 ds = xds[u];
-    return d * ds.x * (float)acc + m * ds.y;
-}
-
-__device__ __forceinline__ u32 spread4(u32 b) {
-    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
-}
-
-__device__ __forceinline__ float unit_q50(const u8* w, u64 off1, u64 off2, u64 row, int u,
-                                          int cols, const i8* xq, const float2* xds) {
-    u64 blk = row * (cols >> 5) + u;
-    uint4 q4 = ld128(w + blk * 16);
-    u32 qw[4] = {q4.x, q4.y, q4.z, q4.w};
-    u32 qh = ((const u32*)(w + off1))[blk];
-    float d = h2f(((const u16*)(w + off2))[blk]);
-    const u8* xb = (const u8*)xq + u * 32;
-    uint4 xl = ld128(xb), xh = ld128(xb + 16);
-    int xlw[4] = {(int)xl.x, (int)xl.y, (int)xl.z, (int)xl.w};
-    int xhw[4] = {(int)xh.x, (int)xh.y, (int)xh.z, (int)xh.w};
-    int acc = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        u32 lo = (qw[k] & 0x0F0F0F0Fu) | spread4((qh >> (4 * k)) & 0xF);
-        u32 hi = ((qw[k] >> 4) & 0x0F0F0F0Fu) | spread4((qh >> (16 + 4 * k)) & 0xF);
-        acc = dp4a((int)lo, xlw[k], acc);
-        acc = dp4a((int)hi, xhw[k], acc);
-    }
-    float2 ds = xds[u];
-    return d * (ds.x * (float)acc - 16.0f * ds.y);
-}
-
-__device__ __forceinline__ float unit_f16(const u8* w, u64 row, int u, int cols,
-                                          const float* xf) {
-    const u8* p = w + (row * (u64)cols + u * 32) * 2;
-    const float* x = xf + u * 32;
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint4 v = ld128(p + 16 * k);
-        u32 vw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            acc += h2f((u16)(vw[i] & 0xFFFF)) * x[8 * k + 2 * i];
-            acc += h2f((u16)(vw[i] >> 16)) * x[8 * k + 2 * i + 1];
-        }
-    }
-    return acc;
-}
-
-template <int FMT>
-__device__ __forceinline__ int units_per_row(int cols) {
-    if (FMT == FMT_Q4K) return (cols >> 8) * 8;
-    if (FMT == FMT_Q6K) return (cols >> 8) * 4;
-    return cols >> 5;
-}
-
-template <int FMT>
-__device__ __forceinline__ float unit(const u8* w, u64 off1, u64 off2, u64 row, int u, int cols,
-                                      const i8* xq, const float2* xds, const float* xf) {
-    if (FMT == FMT_Q4K) return unit_q4k(w, row, u, cols, xq, xds);
-    if (FMT == FMT_Q6K) return unit_q6k(w, off1, off2, row, u, cols, xq, xds);
-    if (FMT == FMT_Q80) return unit_q80(w, off1, row, u, cols, xq, xds);
-    if (FMT == FMT_Q41) return unit_q41(w, row, u, cols, xq, xds);
-    if (FMT == FMT_Q50) return unit_q50(w, off1, off2, row, u, cols, xq, xds);
-    return unit_f16(w, row, u, cols, xf);
-}
-
-// One row dotted with one token's x; one warp, lanes take the units in turn.
-// With a second level (xq2 != null, quantized formats only) each unit is dotted with both
-// levels while its weights are in registers.
-template <int FMT>
-__device__ __forceinline__ float row_dot(const u8* w, u64 off1, u64 off2, u64 row, int cols,
-                                         const i8* xq, const float2* xds, const float* xf,
-                                         const i8* xq2, const float2* xds2) {
-    int lane = threadIdx.x & 31;
-    int units = units_per_row<FMT>(cols);
-    float acc = 0.0f;
-    if (FMT != FMT_F16 && xq2) {
-#pragma unroll 2
-        for (int u = lane; u < units; u += 32)
-            acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf) +
-                   unit<FMT>(w, off1, off2, row, u, cols, xq2, xds2, xf);
-    } else {
-#pragma unroll 4
-        for (int u = lane; u < units; u += 32)
-            acc += unit<FMT>(w, off1, off2, row, u, cols, xq, xds, xf);
-    }
-    return warp_sum(acc);
-}
-
-// Up to three matrices of one format against the same x in one launch (Q/K/V, gate/up): blocks
-// [0, nb0) take matrix 0, the next nb1 matrix 1, then matrix 2 (nb_i = ceil(rows_i / warps)),
-// a warp per row. acc = 1 adds into out (the residual add of an output projection).
-template <int FMT>
-__device__ void gemv(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const u8* w1,
-                     u64 a1, u64 b1, int rows1, float* out1, const u8* w2, u64 a2, u64 b2,
-                     int rows2, float* out2, int cols, const i8* xq, const float2* xds,
-                     const float* xf, const i8* xq2, const float2* xds2, int acc) {
-    int rpb = blockDim.x >> 5;
-    int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
-    int nb2 = (rows2 + rpb - 1) / rpb;
-    // Grid x = (row block, token) with the token fastest: the blocks of one row block for
-    // every token run side by side, so a batch of decode tokens reads each weight row from
-    // DRAM once (L2 serves the other tokens). A token's sums are the one-token kernel's.
-    int n_tok = gridDim.x / (nb0 + nb1 + nb2);
-    int blk = blockIdx.x / n_tok;
-    u64 t = blockIdx.x - (u64)blk * n_tok;
-    const u8* w = w0;
-    u64 off1 = a0, off2 = b0;
-    int rows = rows0;
-    float* out = out0;
-    if (blk >= nb0 + nb1) {
-        blk -= nb0 + nb1;
-        w = w2, off1 = a2, off2 = b2, rows = rows2, out = out2;
-    } else if (blk >= nb0) {
-        blk -= nb0;
-        w = w1, off1 = a1, off2 = b1, rows = rows1, out = out1;
-    }
-    int row = blk * rpb + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    float v = row_dot<FMT>(w, off1, off2, row, cols, xq + t * cols, xds + t * (cols >> 5),
-                           xf + t * cols, xq2 ? xq2 + t * cols : nullptr,
-                           xq2 ? xds2 + t * (cols >> 5) : nullptr);
-    if ((threadIdx.x & 31) == 0) {
-        float* o = out + t * rows + row;
-        *o = acc ? *o + v : v;
-    }
-}
-
-#define GEMV_PARAMS                                                                            \
-    const u8 *w0, u64 a0, u64 b0, int rows0, float *out0, const u8 *w1, u64 a1, u64 b1,        \
-        int rows1, float *out1, const u8 *w2, u64 a2, u64 b2, int rows2, float *out2,          \
-        int cols, const i8 *xq, const float2 *xds, const float *xf, const i8 *xq2,             \
-        const float2 *xds2, int acc
-#define GEMV_ARGS                                                                              \
-    w0, a0, b0, rows0, out0, w1, a1, b1, rows1, out1, w2, a2, b2, rows2, out2, cols, xq, xds,  \
-        xf, xq2, xds2, acc
-
-#define INSTANTIATE(NAME, FMT)                                                                 \
-    extern "C" __global__ void gemv_##NAME(GEMV_PARAMS) { gemv<FMT>(GEMV_ARGS); }              \
-    extern "C" __global__ void dequant_##NAME(const u8* w, u64 off1, u64 off2, int rows,       \
-                                              int cols, const u32* ids, float* out_f32,        \
-                                              u16* out_bf16) {                                 \
-        dequant_rows<FMT>(w, off1, off2, rows, cols, ids, out_f32, out_bf16);                  \
-    }
-
-INSTANTIATE(q4k, FMT_Q4K)
-INSTANTIATE(q41, FMT_Q41)
-INSTANTIATE(q80, FMT_Q80)
-INSTANTIATE(q50, FMT_Q50)
-INSTANTIATE(q6k, FMT_Q6K)
-INSTANTIATE(f16, FMT_F16)
 
 // ---------------------------------------------------------------------------------------
 // Attention over the head-major cache (f16 or q8_0, the template parameter KV; rows read
@@ -977,6 +672,7 @@ __device__ void attn_prefill(const float* q, const u8* kc, const u8* vc, const u
                                                    float2* part_ml, int n_head, int group,     \
                                                    int n_ctx, int n_split, int chunk,          \
                                                    float scale, int window) {                  \
+        PDL_START();                                                                           \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         const u32* table = nullptr;                                                            \
         int bs = 1;                                                                            \
@@ -995,6 +691,7 @@ __device__ void attn_prefill(const float* q, const u8* kc, const u8* vc, const u
                                                 const u32* inputs, float* out, i8* q,          \
                                                 float2* ds, int n_split, int chunk, int do_q,  \
                                                 int window) {                                  \
+        PDL_START();                                                                           \
         attn_combine<D>(part_o, part_ml, inputs, out, q, ds, n_split, chunk, do_q, window);    \
     }
 
@@ -1037,6 +734,7 @@ __device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
     }
 }
 extern "C" __global__ void argmax_rows(const float* x, int width, u32* out) {
+    PDL_START();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     const float* row = x + (u64)blockIdx.x * width;

@@ -10,11 +10,12 @@
 #define GB_TOK 8
 
 template <int FMT>
-__device__ void gemv_batch(const u8* w0, u64 a0, u64 b0, int rows0, float* out0, const u8* w1,
-                           u64 a1, u64 b1, int rows1, float* out1, const u8* w2, u64 a2,
-                           u64 b2, int rows2, float* out2, int cols, const i8* xq,
-                           const float2* xds, const float* xf, const i8* xq2,
-                           const float2* xds2, int acc, int n_tok) {
+__device__ __forceinline__ void gemv_batch(const u8* w0, u64 a0, u64 b0, int rows0,
+                                           float* out0, const u8* w1, u64 a1, u64 b1, int rows1,
+                                           float* out1, const u8* w2, u64 a2, u64 b2, int rows2,
+                                           float* out2, int cols, const i8* xq,
+                                           const float2* xds, const float* xf, const i8* xq2,
+                                           const float2* xds2, int acc, int pf, int n_tok) {
     int rpb = blockDim.x >> 5;
     int nb0 = (rows0 + rpb - 1) / rpb, nb1 = (rows1 + rpb - 1) / rpb;
     int n_grp = (n_tok + GB_TOK - 1) / GB_TOK;
@@ -31,6 +32,7 @@ __device__ void gemv_batch(const u8* w0, u64 a0, u64 b0, int rows0, float* out0,
         blk -= nb0;
         w = w1, off1 = a1, off2 = b1, rows = rows1, out = out1;
     }
+    gemv_prologue<FMT>(w, off1, off2, blk * rpb, rows, rpb, cols, pf && grp == 0);
     int row = blk * rpb + (threadIdx.x >> 5);
     if (row >= rows) return;
     int lane = threadIdx.x & 31;

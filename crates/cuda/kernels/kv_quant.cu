@@ -109,6 +109,7 @@ extern "C" __global__ void rope_kv_q8(float* q, const float* k, const float* v, 
                                       const u32* inputs, const float* inv_freq, int n_tok,
                                       int n_head, int n_kv, int head_dim, int half, int neox,
                                       int n_ctx) {
+    PDL_START();
     rope_kv_q8_at(q, k, v, kc, vc, inputs, nullptr, nullptr, inv_freq, n_tok, n_head, n_kv,
                   head_dim, half, neox, n_ctx);
 }

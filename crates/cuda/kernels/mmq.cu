@@ -1,7 +1,7 @@
 // ---------------------------------------------------------------------------------------
 // MMQ: prompt matmuls straight on the quantized weights, with int8 tensor cores. This file is
-// appended to damascus.cu before NVRTC compiles it (gpu.rs `SOURCE`): it uses that file's
-// types, FMT_* layouts and helpers (h2f, ld128, ld32, scale_min_k4, spread4).
+// appended to damascus.cu and gemv.cu before NVRTC compiles it (gpu.rs `SOURCE`): it uses
+// their types, FMT_* layouts and helpers (h2f, ld128, ld32, scale_min_k4, spread4).
 //
 // out[t, r] (+)= sum_k W[r, k] * x[t, k]: W one weight matrix [rows, cols] in its device
 // layout, x the q8 shadow of the activations (xq int8 [n_tok, cols], xds float2

@@ -25,6 +25,7 @@ extern "C" __global__ void rope_kv_paged(float* q, const float* k, const float* 
                                          const float* inv_freq, int n_tok, int n_head,
                                          int n_kv, int head_dim, int half, int neox,
                                          int n_ctx) {
+    PDL_START();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int pairs = head_dim >> 1;
     int per_tok = (n_head + n_kv) * pairs;
@@ -41,6 +42,7 @@ extern "C" __global__ void rope_kv_paged_q8(float* q, const float* k, const floa
                                             const float* inv_freq, int n_tok, int n_head,
                                             int n_kv, int head_dim, int half, int neox,
                                             int n_ctx) {
+    PDL_START();
     rope_kv_q8_at(q, k, v, kc, vc, nullptr, pos, slot, inv_freq, n_tok, n_head, n_kv, head_dim,
                   half, neox, n_ctx);
 }
@@ -52,6 +54,7 @@ extern "C" __global__ void rope_kv_paged_q8(float* q, const float* k, const floa
         const float* q, const u8* kc, const u8* vc, const u32* bat, float* part_o,             \
         float2* part_ml, int n_head, int group, int n_ctx, int n_split, float scale,           \
         int window, int bs, int n_tok) {                                                       \
+        PDL_START();                                                                           \
         __shared__ float sm[MAX_GROUP * (D + ATT_CHUNK_MAX + 2 * ATT_THREADS)];                \
         int z = blockIdx.z;                                                                    \
         int row = bat[3 * n_tok + z];                                                          \
@@ -81,6 +84,7 @@ extern "C" __global__ void rope_kv_paged_q8(float* q, const float* k, const floa
     extern "C" __global__ void attn_combine_paged_##D(                                         \
         const float* part_o, const float2* part_ml, const u32* bat, float* out, i8* q,         \
         float2* ds, int n_head, int n_split, int do_q, int window, int n_tok) {                \
+        PDL_START();                                                                           \
         int z = blockIdx.y;                                                                    \
         int row = bat[3 * n_tok + z];                                                          \
         const u32* inputs = bat + row;                                                         \

@@ -73,6 +73,17 @@ pub struct KernelSettings {
     /// CUDA: a decode batch that multiplies on cuBLAS replays a captured graph too (cuBLAS
     /// then works in a workspace of its own). `DAMASCUS_CUDA_GRAPH_GEMM` (0: off).
     pub cuda_graph_gemm: bool,
+    /// CUDA (sm_90+): programmatic dependent launch, each kernel of a pass starting while the
+    /// one before it drains. `DAMASCUS_CUDA_PDL` (1: on, with `cuda_pdl_prefetch`;
+    /// `noprefetch`: on without it).
+    pub cuda_pdl: bool,
+    /// CUDA, with `cuda_pdl`: each decode GEMV block prefetches its weight rows into L2 before
+    /// it waits on the kernel before it (off with `DAMASCUS_CUDA_PDL=noprefetch`).
+    pub cuda_pdl_prefetch: bool,
+    /// CUDA: decode fusions (an RMSNorm feeding the two-level Q/K/V GEMV writes the second q8
+    /// level itself; a one-token gate/up GEMV applies the activation). `DAMASCUS_CUDA_FUSE`
+    /// (1: on).
+    pub cuda_fuse: bool,
 }
 
 impl Default for KernelSettings {
@@ -99,6 +110,9 @@ impl Default for KernelSettings {
             cuda_gemv_rows: None,
             cuda_mmq_rows: None,
             cuda_graph_gemm: true,
+            cuda_pdl: false,
+            cuda_pdl_prefetch: true,
+            cuda_fuse: false,
         }
     }
 }
@@ -127,7 +141,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 20] = [
+    pub const VARS: [(&'static str, &'static str); 22] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -178,6 +192,14 @@ impl KernelSettings {
             "0: CUDA decode batches on one-token GEMVs",
         ),
         ("DAMASCUS_CUDA_PROFILE", "1: per-op CUDA profile on stderr"),
+        (
+            "DAMASCUS_CUDA_PDL",
+            "1: CUDA programmatic dependent launch + GEMV weight prefetch (noprefetch: without it)",
+        ),
+        (
+            "DAMASCUS_CUDA_FUSE",
+            "1: CUDA decode fusions (RMSNorm + second q8 level)",
+        ),
     ];
 
     /// The settings given by variables `get(name)` returns (the binary passes the process
@@ -231,6 +253,9 @@ impl KernelSettings {
             cuda_gemv_rows: num("DAMASCUS_CUDA_GEMV_ROWS")?,
             cuda_mmq_rows: num("DAMASCUS_CUDA_MMQ_ROWS")?,
             cuda_graph_gemm: !off("DAMASCUS_CUDA_GRAPH_GEMM"),
+            cuda_pdl: val("DAMASCUS_CUDA_PDL").is_some_and(|v| v == "1" || v == "noprefetch"),
+            cuda_pdl_prefetch: val("DAMASCUS_CUDA_PDL").is_none_or(|v| v != "noprefetch"),
+            cuda_fuse: val("DAMASCUS_CUDA_FUSE").is_some_and(|v| v == "1"),
         })
     }
 
@@ -300,6 +325,15 @@ mod tests {
         assert_eq!(s.isa, Some(Isa::Avx2));
         assert!(!s.gemm && s.int8 && !s.repack && s.profile && s.cuda_attn_v2);
         assert_eq!((s.prefetch, s.amx_threads), (Some(0), Some(8)));
+        assert!(!s.cuda_pdl);
+        let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "1")])).unwrap();
+        assert!(s.cuda_pdl && s.cuda_pdl_prefetch);
+        let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "noprefetch")])).unwrap();
+        assert!(s.cuda_pdl && !s.cuda_pdl_prefetch);
+        let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "0")])).unwrap();
+        assert!(!s.cuda_pdl && !s.cuda_fuse);
+        let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_FUSE", "1")])).unwrap();
+        assert!(s.cuda_fuse);
         let e = KernelSettings::from_vars(env(&[("DAMASCUS_PREFETCH", "lots")])).unwrap_err();
         assert!(e.to_string().contains("DAMASCUS_PREFETCH"));
         assert!(KernelSettings::from_vars(env(&[("DAMASCUS_ISA", "sse9")])).is_err());

@@ -26,7 +26,7 @@ impl Ptr {
 }
 
 /// Most argument slots any kernel takes.
-pub(crate) const MAX_ARGS: usize = 23;
+pub(crate) const MAX_ARGS: usize = 27;
 
 /// A kernel's arguments, one 8-byte slot each (no allocation per recorded launch).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -106,6 +106,46 @@ pub(crate) trait Launch {
     fn name(&self) -> &'static str;
     /// The arguments in the kernel's parameter order.
     fn args(&self) -> Args;
+}
+
+/// The PTX instruction a kernel runs before it reads what the kernel before it wrote
+/// (`PDL_WAIT()` in `kernels/damascus.cu`).
+const GRID_WAIT: &str = "griddepcontrol.wait";
+
+/// The entries of the module `ptx` that run [`GRID_WAIT`] in their own body (the kernels
+/// spell it in the entry or in functions inlined into it), in one pass over the text. Only
+/// such a kernel may be launched with programmatic stream serialization: it may start before
+/// the kernel it depends on has finished, and waits for it there.
+pub(crate) fn grid_waiting_entries(ptx: &str) -> std::collections::HashSet<&str> {
+    let mut out = std::collections::HashSet::new();
+    let mut rest = ptx;
+    while let Some(at) = rest.find(".entry ") {
+        rest = &rest[at + ".entry ".len()..];
+        let Some(paren) = rest.find('(') else { break };
+        let name = rest[..paren].trim();
+        let Some(open) = rest.find('{') else { break };
+        let mut depth = 0usize;
+        let mut end = None;
+        for (i, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(open + i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        if rest[open..end].contains(GRID_WAIT) {
+            out.insert(name);
+        }
+        rest = &rest[end..];
+    }
+    out
 }
 
 /// `Name = "kernel" { field: Type, ... }` declares a launch of one kernel;
@@ -447,9 +487,11 @@ kernels! {
     QuantizeQ8Res = "quantize_q8_res" {
         x: Ptr, q: Ptr, ds: Ptr, q2: Ptr, ds2: Ptr, n_blocks: i32,
     }
-    /// `out = rms_norm(x) * w` per token, and out's q8 shadow when `do_q`.
+    /// `out = rms_norm(x) * w` per token, and out's q8 shadow when `do_q` (with its second
+    /// level into `q2`, `ds2` unless null).
     RmsNorm = "rms_norm" {
-        x: Ptr, w: Ptr, eps: f32, out: Ptr, q: Ptr, ds: Ptr, width: i32, do_q: bool,
+        x: Ptr, w: Ptr, eps: f32, out: Ptr, q: Ptr, ds: Ptr, q2: Ptr, ds2: Ptr, width: i32,
+        do_q: bool,
     }
     /// `gate = silu(gate) * up`, and gate's q8 shadow when `do_q`.
     Swiglu = "swiglu" { gate: Ptr, up: Ptr, q: Ptr, ds: Ptr, n_blocks: i32, do_q: bool }
@@ -477,15 +519,18 @@ kernels! {
         q: Ptr, k: Ptr, v: Ptr, kc: Ptr, vc: Ptr, inputs: Ptr, inv_freq: Ptr, n_tok: i32,
         n_head: i32, n_kv: i32, head_dim: i32, half: i32, neox: bool, n_ctx: i32,
     }
-    /// Up to three GEMVs of one format over the same activation.
+    /// Up to three GEMVs of one format over the same activation; `prefetch`: each block asks
+    /// L2 for its weight rows before it waits on the kernel before it (PDL). `glu` (1 SwiGLU,
+    /// 2 GeGLU; 0 none) fuses the activation of a gate/up pair (one token): gate =
+    /// act(gate) * up and its q8 shadow into `gq`, `gds`, per 32-row chunk counted in `cnt`.
     Gemv in GEMV {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
-        acc: bool,
+        acc: bool, prefetch: bool, glu: i32, gq: Ptr, gds: Ptr, cnt: Ptr,
     }
     /// [`Gemv`] for `n_tok` (2..16) tokens, each weight unit loaded once per 8 tokens.
     GemvBatch in GEMV_BATCH {
         mats: [GemvMat; 3], cols: i32, xq: Ptr, xds: Ptr, xf: Ptr, xq2: Ptr, xds2: Ptr,
-        acc: bool, n_tok: i32,
+        acc: bool, prefetch: bool, n_tok: i32,
     }
     /// Rows of a matrix dequantized to f32 and/or bf16.
     Dequant in DEQUANT {
@@ -571,14 +616,27 @@ mod tests {
             out: Ptr(3),
             q: Ptr::NULL,
             ds: Ptr::NULL,
+            q2: Ptr(4),
+            ds2: Ptr::NULL,
             width: -1,
             do_q: true,
         }
         .args();
-        assert_eq!(a.n, 8);
+        assert_eq!(a.n, 10);
         assert_eq!(
-            &a.v[..8],
-            &[1, 2, u64::from(1.5f32.to_bits()), 3, 0, 0, 0xffff_ffff, 1]
+            &a.v[..10],
+            &[
+                1,
+                2,
+                u64::from(1.5f32.to_bits()),
+                3,
+                0,
+                0,
+                4,
+                0,
+                0xffff_ffff,
+                1
+            ]
         );
         let g = Gemv {
             variant: 4,
@@ -590,9 +648,28 @@ mod tests {
             xq2: Ptr::NULL,
             xds2: Ptr::NULL,
             acc: false,
+            prefetch: true,
+            glu: 2,
+            gq: Ptr(12),
+            gds: Ptr::NULL,
+            cnt: Ptr(13),
         };
         assert_eq!(g.name(), "gemv_q6k");
-        assert_eq!(g.args().n, 22);
+        assert_eq!(g.args().n, 27);
+        assert_eq!(&g.args().v[22..27], &[1, 2, 12, 0, 13]);
+    }
+
+    #[test]
+    fn grid_wait_is_found_in_the_entry_body_only() {
+        let ptx = "\
+.visible .entry quiet(\n\t.param .u64 quiet_param_0\n)\n{\n\t{\n\t.reg .b32 t;\n\t}\n\tret;\n}\n\
+.visible .entry waits(\n\t.param .u64 waits_param_0\n)\n{\n\t{\n\t}\n\tgriddepcontrol.wait;\n\tret;\n}\n\
+.visible .entry wai(\n)\n{\n\tret;\n}\n";
+        // The next entry's wait is not this one's, and a name that is a prefix is not a match.
+        let got = grid_waiting_entries(ptx);
+        assert_eq!(got.into_iter().collect::<Vec<_>>(), ["waits"]);
+        assert!(grid_waiting_entries("garbage .entry waits( no body").is_empty());
+        assert!(grid_waiting_entries(".entry w( { griddepcontrol.wait; ").is_empty());
     }
 
     #[test]

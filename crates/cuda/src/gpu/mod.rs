@@ -17,6 +17,13 @@
 //! a batch table (per-row positions and slots, block tables) to those inputs; one of decode
 //! rows only is graphed the same way, one graph per batch size (its cuBLAS GEMMs included:
 //! cuBLAS works in a workspace of its own, so a captured GEMM allocates nothing).
+//!
+//! With programmatic dependent launch on ([`Gpu::set_pdl`], sm_90+), a kernel that follows
+//! another kernel and whose PTX waits on the grid before it (`PDL_WAIT()` in the kernels,
+//! found by `launch::grid_waiting_entries` when the module loads) launches with programmatic
+//! stream serialization: its blocks start while that kernel drains (decode GEMV blocks
+//! prefetch their weight rows into L2 meanwhile) and wait in-kernel for its results. Stream
+//! capture keeps those edges in the graphs; the graph key includes the switch.
 
 mod attention;
 mod buffers;
@@ -44,14 +51,16 @@ use profile::Profile;
 use recorder::Recorder;
 
 /// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
-/// `kv_quant.cu` (the cache write into a q8_0 KV cache),
-/// `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's helpers),
+/// `gemv.cu` (dequantization and the one-token GEMVs), `kv_quant.cu` (the cache write into a
+/// q8_0 KV cache), `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's
+/// helpers),
 /// `flash.cu` (the tensor-core prompt attention), `paged.cu` (the attention kernels of a
 /// batched pass over the shared paged KV pool, built from the other files' device functions),
 /// `gemv_batch.cu` (the GEMV of a decode batch) and `attn_decode.cu` (the streamed split-K
 /// decode attention, `cp.async` tiles of K and V for a whole GQA group).
 pub const SOURCE: &str = concat!(
     include_str!("../../kernels/damascus.cu"),
+    include_str!("../../kernels/gemv.cu"),
     include_str!("../../kernels/kv_quant.cu"),
     include_str!("../../kernels/mmq.cu"),
     include_str!("../../kernels/flash.cu"),
@@ -71,6 +80,10 @@ pub const MAX_GEMV_ROWS: usize = 64;
 
 /// Bytes of cuBLAS's workspace (NVIDIA's recommendation for Hopper).
 const BLAS_WORKSPACE: usize = 32 << 20;
+
+/// Most 32-row chunks a gate/up GEMV with the activation fused may have (rows up to 32 times
+/// this; wider FFNs take the separate activation kernel).
+const GLU_CHUNKS: usize = 4096;
 
 /// Decode graphs kept per device (one per live sequence or decode batch size, in practice).
 const MAX_GRAPHS: usize = 16;
@@ -111,6 +124,13 @@ pub struct Gpu {
     /// GEMVs of matrices marked [`DevMatrix::two_level`] multiply two-level q8 activations
     /// (on unless [`Gpu::set_two_level_qkv`] turns it off).
     two_level_qkv: AtomicBool,
+    /// Decode fusions ([`Gpu::set_fuse`]; off at first): an RMSNorm whose output a two-level
+    /// GEMV takes next writes the second q8 level itself; a gate/up GEMV applies the
+    /// activation.
+    fuse: AtomicBool,
+    /// `[GLU_CHUNKS]` u32, zero between passes: the per-32-row chunk counters of a gate/up
+    /// GEMV with its activation fused (each chunk's last block resets its counter).
+    glu_counts: DevBuf,
     /// The device gave every flash kernel its shared memory.
     flash_ok: bool,
     /// Decode attention on the streamed kernel (`attn_decode_*`; off at first,
@@ -118,6 +138,15 @@ pub struct Gpu {
     attn_v2_enabled: AtomicBool,
     /// The device gave every streamed decode kernel its shared memory.
     attn_v2_ok: bool,
+    /// Kernels launch with programmatic stream serialization (PDL) where they may
+    /// ([`Gpu::set_pdl`]; off at first).
+    pdl_enabled: AtomicBool,
+    /// GEMV blocks prefetch their weight rows into L2 before they wait on the kernel before
+    /// (only while PDL is on; [`Gpu::set_pdl`]).
+    pdl_prefetch: AtomicBool,
+    /// Per kernel of [`KERNELS`]: its PTX waits on the grid before it (`PDL_WAIT()`), so it
+    /// may be launched with PDL. All false below sm_90.
+    pdl_ok: Vec<bool>,
     /// Per-op GPU times ([`Gpu::open_with`]), printed when the device is dropped.
     profile: Option<Mutex<Profile>>,
     /// Device name.
@@ -273,6 +302,13 @@ impl Gpu {
         let total_mem = ctx.total_mem().unwrap_or(0);
         let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
         let ptx = ptx_for(arch)?;
+        // PDL needs sm_90 (the kernels compile `PDL_WAIT()` to nothing below it).
+        let waiting = launch::grid_waiting_entries(&ptx);
+        let pdl_ok: Vec<bool> = KERNELS
+            .iter()
+            .map(|k| cc.0 >= 9 && waiting.contains(k))
+            .collect();
+        drop(waiting);
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(call("loading the kernels"))?;
@@ -310,6 +346,7 @@ impl Gpu {
             index.insert(k, i);
         }
         let inputs = Self::alloc_on(&stream, 4 * 4096)?;
+        let glu_counts = Self::alloc_on(&stream, 4 * GLU_CHUNKS)?;
         // Defaults; the backend applies its settings through the setters.
         let graphs_enabled = !profile;
         let mmq_enabled = false;
@@ -331,9 +368,14 @@ impl Gpu {
             mmq_rows: AtomicUsize::new(0),
             flash_enabled: AtomicBool::new(flash_enabled),
             two_level_qkv: AtomicBool::new(true),
+            fuse: AtomicBool::new(false),
+            glu_counts,
             flash_ok,
             attn_v2_enabled: AtomicBool::new(false),
             attn_v2_ok,
+            pdl_enabled: AtomicBool::new(false),
+            pdl_prefetch: AtomicBool::new(false),
+            pdl_ok,
             profile: profile.then(|| Mutex::new(Profile::default())),
             name,
             compute_capability: cc,

@@ -6,16 +6,18 @@ use std::sync::atomic::Ordering;
 
 use super::buffers::{DevAct, DevBuf, DevMatrix, DevVec, i32_dim};
 use super::launch::{
-    Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Mmq, Ptr, QuantizeQ8, QuantizeQ8Res,
-    RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
+    Add, AddBias, Dequant, Geglu, Gemv, GemvBatch, GemvMat, Launch, Mmq, Ptr, QuantizeQ8,
+    QuantizeQ8Res, RmsNorm, RmsNormHeads, ScaleAct, Softcap, Swiglu, ToBf16, mmq_variant,
 };
 use super::recorder::Op;
-use super::{Gpu, MAX_GEMV_ROWS};
+use super::{GLU_CHUNKS, Gpu, MAX_GEMV_ROWS};
 use crate::error::CudaError;
 use crate::layout::Format;
 
 /// Warps per GEMV block.
 const GEMV_WARPS: usize = 4;
+// A 32-row chunk of a gate/up GEMV with its activation fused is whole blocks.
+const _: () = assert!(32 % GEMV_WARPS == 0);
 /// Matrices one GEMV launch takes.
 const GEMV_MATS: usize = 3;
 /// Tokens per weight load of the decode-batch GEMV (the kernel's `GB_TOK`).
@@ -125,17 +127,20 @@ impl Gpu {
             )));
         }
         let (q, ds) = out.q8_ptrs();
+        let k = RmsNorm {
+            x: x.x.ptr,
+            w: w.buf.ptr,
+            eps,
+            out: out.x.ptr,
+            q,
+            ds,
+            q2: Ptr::NULL,
+            ds2: Ptr::NULL,
+            width: x.width as i32,
+            do_q: out.q.is_some(),
+        };
         self.push(
-            RmsNorm {
-                x: x.x.ptr,
-                w: w.buf.ptr,
-                eps,
-                out: out.x.ptr,
-                q,
-                ds,
-                width: x.width as i32,
-                do_q: out.q.is_some(),
-            },
+            k,
             // Decode: the row over several blocks; prompts: one block per token.
             [
                 if x.n == 1 {
@@ -148,6 +153,9 @@ impl Gpu {
             ],
             [256, 1, 1],
         );
+        let mut r = self.rec();
+        let at = r.ops.len() - 1;
+        r.last_norm = Some((at, k));
         out.q_fresh.store(out.q.is_some(), Ordering::Relaxed);
         Ok(())
     }
@@ -280,6 +288,7 @@ impl Gpu {
                         xq2,
                         xds2: ds2,
                         acc,
+                        prefetch: self.pdl_prefetch(),
                         n_tok: x.n as i32,
                     },
                     grid,
@@ -287,22 +296,29 @@ impl Gpu {
                 );
                 continue;
             }
-            self.push(
-                Gemv {
-                    variant: w0.format as usize,
-                    mats,
-                    cols: w0.cols as i32,
-                    xq: q,
-                    xds: ds,
-                    xf: x.x.ptr,
-                    xq2,
-                    xds2: ds2,
-                    acc,
-                },
-                // (row block, token), token fastest (the kernel's order).
-                [(blocks * x.n) as u32, 1, 1],
-                block,
-            );
+            let k = Gemv {
+                variant: w0.format as usize,
+                mats,
+                cols: w0.cols as i32,
+                xq: q,
+                xds: ds,
+                xf: x.x.ptr,
+                xq2,
+                xds2: ds2,
+                acc,
+                prefetch: self.pdl_prefetch(),
+                glu: 0,
+                gq: Ptr::NULL,
+                gds: Ptr::NULL,
+                cnt: Ptr::NULL,
+            };
+            // (row block, token), token fastest (the kernel's order).
+            self.push(k, [(blocks * x.n) as u32, 1, 1], block);
+            if x.n == 1 {
+                let mut r = self.rec();
+                let at = r.ops.len() - 1;
+                r.last_gemv = Some((at, k));
+            }
         }
         Ok(())
     }
@@ -316,6 +332,9 @@ impl Gpu {
                 .any(|(w, _)| w.two_level && w.format != Format::F16);
         match (&x.q, &x.q2) {
             (Some((q, ds)), Some((q2, ds2))) if want && x.n <= MAX_GEMV_ROWS => {
+                if self.fuse_second_level(x, q2.ptr, ds2.ptr) {
+                    return (q2.ptr, ds2.ptr);
+                }
                 let n_blocks = x.n * x.width / 32;
                 self.push(
                     QuantizeQ8Res {
@@ -333,6 +352,71 @@ impl Gpu {
             }
             _ => (Ptr::NULL, Ptr::NULL),
         }
+    }
+
+    /// With the fusions on ([`Gpu::set_fuse`]), when the last op recorded is the one-token GEMV
+    /// that wrote `gate` (slot 0) and `up` (slot 1) alone, of rows a multiple of 32 (and
+    /// of at most `GLU_CHUNKS` chunks), has it apply the activation `glu` (1 SwiGLU, 2 GeGLU)
+    /// and write gate's q8 shadow; false (nothing changed) otherwise. The caller checked the
+    /// shapes.
+    fn fuse_glu(&self, gate: &DevAct, up: &DevAct, glu: i32) -> bool {
+        if !self.fuse.load(Ordering::Relaxed) || gate.n != 1 {
+            return false;
+        }
+        let mut r = self.rec();
+        let Some((at, mut k)) = r.last_gemv else {
+            return false;
+        };
+        let [m0, m1, m2] = k.mats;
+        let rows = gate.width;
+        let fits = at + 1 == r.ops.len()
+            && !k.acc
+            && m0.out == gate.x.ptr
+            && m1.out == up.x.ptr
+            && m2.rows == 0
+            && m0.rows as usize == rows
+            && m1.rows as usize == rows
+            && rows.is_multiple_of(32)
+            && rows / 32 <= GLU_CHUNKS;
+        if !fits {
+            return false;
+        }
+        let (q, ds) = gate.q8_ptrs();
+        k.glu = glu;
+        k.gq = q;
+        k.gds = ds;
+        k.cnt = self.glu_counts.ptr;
+        match &mut r.ops[at] {
+            Op::Launch { args, .. } => *args = k.args(),
+            _ => return false,
+        }
+        r.last_gemv = None;
+        gate.q_fresh.store(gate.q.is_some(), Ordering::Relaxed);
+        true
+    }
+
+    /// With the fusions on ([`Gpu::set_fuse`]), when the last op recorded is the RMSNorm that
+    /// wrote x and its q8 shadow, has that launch write x's second level (`q2`, `ds2`) too;
+    /// false (nothing changed) otherwise.
+    fn fuse_second_level(&self, x: &DevAct, q2: Ptr, ds2: Ptr) -> bool {
+        if !self.fuse.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut r = self.rec();
+        let Some((at, mut k)) = r.last_norm else {
+            return false;
+        };
+        if at + 1 != r.ops.len() || k.out != x.x.ptr || !k.do_q || k.q != x.q8_ptrs().0 {
+            return false;
+        }
+        k.q2 = q2;
+        k.ds2 = ds2;
+        match &mut r.ops[at] {
+            Op::Launch { args, .. } => *args = k.args(),
+            _ => return false,
+        }
+        r.last_norm = Some((at, k));
+        true
     }
 
     /// `out (+)= x · Wᵀ` through the int8 MMQ kernel, for any token count (tests and
@@ -439,6 +523,9 @@ impl Gpu {
                 "swiglu: {n} elements, not a multiple of 32"
             )));
         }
+        if self.fuse_glu(gate, up, 1) {
+            return Ok(());
+        }
         let (q, ds) = gate.q8_ptrs();
         self.push(
             Swiglu {
@@ -464,6 +551,9 @@ impl Gpu {
             return Err(CudaError::Shape(format!(
                 "geglu: {n} elements, not a multiple of 32"
             )));
+        }
+        if self.fuse_glu(gate, up, 2) {
+            return Ok(());
         }
         let (q, ds) = gate.q8_ptrs();
         self.push(

@@ -11,11 +11,14 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::{CudaGraph, result, sys};
 
 use super::buffers::{DevAct, DevBuf};
-use super::launch::{ArgmaxRows, Args, KERNELS, Launch, MAX_ARGS, Ptr};
+use super::launch::{ArgmaxRows, Args, Gemv, KERNELS, Launch, MAX_ARGS, Ptr, RmsNorm};
 use super::profile::Profile;
 use super::{GEMM_MIN_TOKENS, Gpu, MAX_GEMV_ROWS, MAX_GRAPHS, call};
 use crate::error::CudaError;
 
+// Launches are nearly every op, so their inline arguments are the common size (boxing them
+// would allocate per recorded launch).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Op {
     Launch {
@@ -70,6 +73,12 @@ pub(super) struct Recorder {
     pub(super) decode_batch: bool,
     /// Part of this forward pass already ran (a host read in the middle): no graph.
     flushed_mid: bool,
+    /// The last RMSNorm recorded and its index in `ops` (a following two-level GEMV may
+    /// have it write the second q8 level: [`Gpu::set_fuse`]).
+    pub(super) last_norm: Option<(usize, RmsNorm)>,
+    /// The last one-token GEMV recorded and its index in `ops` (a following activation may
+    /// fuse into it: [`Gpu::set_fuse`]).
+    pub(super) last_gemv: Option<(usize, Gemv)>,
     graphs: HashMap<u64, Graph>,
 }
 
@@ -87,6 +96,8 @@ impl Recorder {
             batch: None,
             decode_batch: false,
             flushed_mid: false,
+            last_norm: None,
+            last_gemv: None,
             graphs: HashMap::new(),
         }
     }
@@ -126,6 +137,8 @@ impl Gpu {
             r.graphs.clear();
         }
         r.ops.clear();
+        r.last_norm = None;
+        r.last_gemv = None;
         r.n_tokens = n_tokens;
         r.flushed_mid = false;
         r.inputs_host.clear();
@@ -217,6 +230,101 @@ impl Gpu {
             .store(on && self.flash_ok, Ordering::Relaxed);
     }
 
+    /// Turns the decode fusions on or off (off at first): an RMSNorm whose output a GEMV on
+    /// two-level q8 activations takes next (the Q/K/V projections) writes the second level
+    /// itself, and a one-token gate/up GEMV applies SwiGLU/GeGLU (and the q8 shadow) itself,
+    /// two launches fewer per layer. Same bits either way.
+    pub fn set_fuse(&self, on: bool) {
+        self.fuse.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns programmatic dependent launch on or off (off at first; stays off below sm_90 and
+    /// while profiling). On: a kernel whose code waits on the grid before it (`PDL_WAIT()`)
+    /// and that follows another kernel launches with programmatic stream serialization, so
+    /// its blocks start while that kernel drains (in graphs too: capture keeps the
+    /// programmatic edges). With `prefetch`, every decode GEMV block also asks L2 for its
+    /// weight rows before it waits. Results are the same bits either way.
+    pub fn set_pdl(&self, on: bool, prefetch: bool) {
+        let on = on && self.profile.is_none() && self.pdl_ok.iter().any(|&k| k);
+        self.pdl_enabled.store(on, Ordering::Relaxed);
+        self.pdl_prefetch.store(on && prefetch, Ordering::Relaxed);
+    }
+
+    /// Turns PDL off for good after the driver refused it (`why`), saying so once.
+    fn pdl_off(&self, why: &str) {
+        if self.pdl_enabled.swap(false, Ordering::Relaxed) {
+            eprintln!("damascus: programmatic dependent launch off: {why}");
+        }
+    }
+
+    /// Whether kernels launch with PDL ([`Gpu::set_pdl`]; false where the device cannot).
+    pub fn pdl(&self) -> bool {
+        self.pdl_enabled.load(Ordering::Relaxed)
+    }
+
+    /// Whether decode GEMVs prefetch their weights before waiting ([`Gpu::set_pdl`]).
+    pub(super) fn pdl_prefetch(&self) -> bool {
+        self.pdl_prefetch.load(Ordering::Relaxed)
+    }
+
+    /// The dependency edges of every cached graph: (all, programmatic). Tests check that
+    /// capture kept the programmatic launches as programmatic edges.
+    pub fn graph_edges(&self) -> Result<(usize, usize), CudaError> {
+        let r = self.rec();
+        let (mut all, mut programmatic) = (0, 0);
+        for g in r.graphs.values() {
+            let h = g.0.cu_graph();
+            let mut n = 0usize;
+            // SAFETY: `h` is a live graph (owned by `g`, under the recorder's lock); null
+            // arrays ask for the edge count only.
+            unsafe {
+                sys::cuGraphGetEdges_v2(
+                    h,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut n,
+                )
+            }
+            .result()
+            .map_err(call("counting graph edges"))?;
+            let mut from = vec![std::ptr::null_mut(); n];
+            let mut to = vec![std::ptr::null_mut(); n];
+            let none = sys::CUgraphEdgeData {
+                from_port: 0,
+                to_port: 0,
+                type_: 0,
+                reserved: [0; 5],
+            };
+            let mut data = vec![none; n];
+            // SAFETY: the three arrays hold `n` entries each, as `n` tells the driver.
+            unsafe {
+                sys::cuGraphGetEdges_v2(
+                    h,
+                    from.as_mut_ptr(),
+                    to.as_mut_ptr(),
+                    data.as_mut_ptr(),
+                    &mut n,
+                )
+            }
+            .result()
+            .map_err(call("reading graph edges"))?;
+            all += n;
+            // A programmatic edge: its type, or a launch port other than the default one.
+            let prog = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+            programmatic += data[..n.min(data.len())]
+                .iter()
+                .filter(|e| e.type_ == prog || e.from_port != 0)
+                .count();
+        }
+        Ok((all, programmatic))
+    }
+
+    /// How many ops are recorded and not yet run (tests count what a fusion saves).
+    pub fn pending_ops(&self) -> usize {
+        self.rec().ops.len()
+    }
+
     /// Ends a forward pass: runs what was recorded (as a graph when it can).
     pub fn end(&self) -> Result<(), CudaError> {
         let mut r = self.rec();
@@ -244,6 +352,8 @@ impl Gpu {
             return Ok(());
         }
         let ops = std::mem::take(&mut r.ops);
+        r.last_norm = None;
+        r.last_gemv = None;
         let has_gemm = ops.iter().any(|o| matches!(o, Op::Gemm { .. }));
         // A decode batch on cuBLAS is graphed too where cuBLAS has its own workspace (it then
         // allocates nothing while captured) and no capture of one has failed.
@@ -259,23 +369,29 @@ impl Gpu {
         if let Some(p) = &self.profile {
             return self.run_profiled(&ops, p);
         }
+        let pdl = self.pdl();
         if !graphable {
-            return ops.iter().try_for_each(|o| self.run_op(o));
+            return self.run_ops(&ops, pdl);
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        ops.hash(&mut h);
-        let key = h.finish();
+        let mut key = graph_key(&ops, pdl);
         if !r.graphs.contains_key(&key) {
             if r.graphs.len() >= MAX_GRAPHS {
                 r.graphs.clear();
             }
-            let g = match self.capture(&ops) {
+            let mut captured = self.capture(&ops, pdl);
+            if let (Err(e), true) = (&captured, pdl) {
+                // A driver that cannot capture programmatic launches: graphs without them.
+                self.pdl_off(&format!("capturing a decode graph with it failed ({e})"));
+                key = graph_key(&ops, false);
+                captured = self.capture(&ops, false);
+            }
+            let g = match captured {
                 Ok(g) => g,
                 Err(e) if has_gemm => {
                     // cuBLAS would not be captured: such passes run eager from now on.
                     self.gemm_graphs.store(false, Ordering::Relaxed);
                     eprintln!("damascus: decode batches on cuBLAS run without graphs ({e})");
-                    return ops.iter().try_for_each(|o| self.run_op(o));
+                    return self.run_ops(&ops, self.pdl());
                 }
                 Err(e) => return Err(e),
             };
@@ -292,7 +408,7 @@ impl Gpu {
         let ev = |what| self.stream.record_event(timed).map_err(call(what));
         let mut marks = vec![ev("recording a profile event")?];
         for o in ops {
-            self.run_op(o)?;
+            self.run_op(o, false)?;
             marks.push(ev("recording a profile event")?);
         }
         let mut p = p.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,11 +431,11 @@ impl Gpu {
         Ok(())
     }
 
-    fn capture(&self, ops: &[Op]) -> Result<CudaGraph, CudaError> {
+    fn capture(&self, ops: &[Op], pdl: bool) -> Result<CudaGraph, CudaError> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(call("starting graph capture"))?;
-        let recorded = ops.iter().try_for_each(|o| self.run_op(o));
+        let recorded = self.run_ops(ops, pdl);
         let ended = self
             .stream
             .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -328,7 +444,24 @@ impl Gpu {
         ended?.ok_or_else(|| CudaError::call("graph capture", "captured nothing"))
     }
 
-    fn run_op(&self, op: &Op) -> Result<(), CudaError> {
+    /// Runs `ops` in order; with `pdl`, a kernel that may ([`Gpu::set_pdl`]) and follows a
+    /// kernel launches with programmatic stream serialization. After a copy or a cuBLAS GEMM
+    /// (or first in the list) a launch is plain: it starts after everything before it.
+    fn run_ops(&self, ops: &[Op], pdl: bool) -> Result<(), CudaError> {
+        let mut after_kernel = false;
+        for o in ops {
+            // (`pdl()` again: a refused launch turns PDL off midway.)
+            let programmatic = pdl
+                && after_kernel
+                && matches!(o, Op::Launch { f, .. } if self.pdl_ok[*f])
+                && self.pdl();
+            self.run_op(o, programmatic)?;
+            after_kernel = matches!(o, Op::Launch { .. });
+        }
+        Ok(())
+    }
+
+    fn run_op(&self, op: &Op, programmatic: bool) -> Result<(), CudaError> {
         let s = self.stream.cu_stream();
         match op {
             Op::Launch {
@@ -342,6 +475,45 @@ impl Gpu {
                 let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
                 for (p, a) in params.iter_mut().zip(slots.iter_mut()) {
                     *p = a as *mut u64 as *mut c_void;
+                }
+                if programmatic {
+                    let mut attr = sys::CUlaunchAttribute {
+                        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                        pad: [0; 4],
+                        value: sys::CUlaunchAttributeValue {
+                            programmaticStreamSerializationAllowed: 1,
+                        },
+                    };
+                    let config = sys::CUlaunchConfig {
+                        gridDimX: grid[0],
+                        gridDimY: grid[1],
+                        gridDimZ: grid[2],
+                        blockDimX: block[0],
+                        blockDimY: block[1],
+                        blockDimZ: block[2],
+                        sharedMemBytes: *smem,
+                        hStream: s,
+                        attrs: &mut attr,
+                        numAttrs: 1,
+                    };
+                    // SAFETY: as for the plain launch below (same function, arguments and
+                    // shared memory); `config` and `attr` outlive the call. The kernel runs
+                    // `PDL_WAIT()` before it touches memory another kernel writes (`pdl_ok`:
+                    // its PTX holds the wait), so starting it early is sound.
+                    let launched = unsafe {
+                        sys::cuLaunchKernelEx(
+                            &config,
+                            self.funcs[*f].cu_function(),
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        )
+                    }
+                    .result();
+                    match launched {
+                        Ok(()) => return Ok(()),
+                        // Refused (nothing was launched): PDL off, this one launched plain.
+                        Err(e) => self.pdl_off(&format!("{} refused it ({e})", KERNELS[*f])),
+                    }
                 }
                 // SAFETY: every kernel in KERNELS takes only pointers, 64-bit offsets, ints
                 // and floats, and its typed launch struct (`launch`) lists them in the
@@ -466,4 +638,12 @@ impl Gpu {
         drop(r);
         self.stream.synchronize().map_err(call("synchronizing"))
     }
+}
+
+/// The key of the graph of `ops` launched with PDL on or off.
+fn graph_key(ops: &[Op], pdl: bool) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ops.hash(&mut h);
+    pdl.hash(&mut h);
+    h.finish()
 }

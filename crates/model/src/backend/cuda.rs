@@ -81,6 +81,11 @@ impl CudaBackend {
             gpu.set_gemv_rows(rows);
         }
         gpu.set_mmq_rows(settings.cuda_mmq_rows.unwrap_or(0));
+        gpu.set_pdl(
+            settings.cuda_pdl && !settings.cuda_profile,
+            settings.cuda_pdl_prefetch,
+        );
+        gpu.set_fuse(settings.cuda_fuse);
         Ok(Self {
             two_level_all: settings.two_level_all,
             gpu,
