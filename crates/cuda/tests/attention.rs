@@ -8,48 +8,16 @@
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure.
 #![cfg(feature = "cuda")]
 
-use std::sync::{Arc, Mutex, OnceLock};
+mod common;
+
+use common::{f16_round, gpu, randn};
+
+use std::sync::Mutex;
 
 use damascus_cuda::{AttnParams, CudaError, DevKv, Gpu, decode_chunk};
 
 /// Tests here switch the flash path on and off on the one shared device: one at a time.
 static LOCK: Mutex<()> = Mutex::new(());
-
-fn gpu() -> Option<Arc<Gpu>> {
-    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
-    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match GPU.get_or_init(|| match Gpu::open(0) {
-        Ok(g) => Ok(g),
-        Err(CudaError::NoDevice(why)) => Err(why),
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    }) {
-        Ok(g) => Some(Arc::clone(g)),
-        Err(why) if !required => {
-            eprintln!("SKIPPED: no CUDA device ({why})");
-            None
-        }
-        Err(why) => panic!("DAMASCUS_REQUIRE_CUDA=1 but no CUDA device: {why}"),
-    }
-}
-
-/// Deterministic pseudo-random floats in [-1, 1) (an xorshift).
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-fn f16_round(v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| damascus_quant::fp::fp16_to_f32(damascus_quant::fp::f32_to_fp16(x)))
-        .collect()
-}
 
 /// One problem: heads, sizes and the random q/k/v of every position `0..total`.
 struct Case {

@@ -5,26 +5,9 @@
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure.
 #![cfg(feature = "cuda")]
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use damascus_cuda::{CudaError, Gpu};
-
-fn gpu() -> Option<Arc<Gpu>> {
-    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
-    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match GPU.get_or_init(|| match Gpu::open(0) {
-        Ok(g) => Ok(g),
-        Err(CudaError::NoDevice(why)) => Err(why),
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    }) {
-        Ok(g) => Some(Arc::clone(g)),
-        Err(why) if !required => {
-            eprintln!("SKIPPED: no CUDA device ({why})");
-            None
-        }
-        Err(why) => panic!("DAMASCUS_REQUIRE_CUDA=1 but no CUDA device: {why}"),
-    }
-}
+use common::gpu;
 
 /// Deterministic pseudo-random floats in [-scale, scale) (an xorshift).
 fn randn(n: usize, seed: u64, scale: f32) -> Vec<f32> {

@@ -14,43 +14,17 @@
 //! compute capability 9.0 or more, PDL must actually turn on.
 #![cfg(feature = "cuda")]
 
-use std::sync::{Arc, Mutex, OnceLock};
+mod common;
 
-use damascus_cuda::{CudaError, DevMatrix, Gpu};
+use common::{gpu, randn};
+
+use std::sync::Mutex;
+
+use damascus_cuda::{DevMatrix, Gpu};
 use damascus_gguf::GgmlType;
-
-fn gpu() -> Option<Arc<Gpu>> {
-    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
-    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match GPU.get_or_init(|| match Gpu::open(0) {
-        Ok(g) => Ok(g),
-        Err(CudaError::NoDevice(why)) => Err(why),
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    }) {
-        Ok(g) => Some(Arc::clone(g)),
-        Err(why) if !required => {
-            eprintln!("SKIPPED: no CUDA device ({why})");
-            None
-        }
-        Err(why) => panic!("DAMASCUS_REQUIRE_CUDA=1 but no CUDA device: {why}"),
-    }
-}
 
 /// The tests switch device-wide settings (PDL, graphs): one at a time.
 static SETTINGS: Mutex<()> = Mutex::new(());
-
-/// Deterministic pseudo-random floats in [-1, 1) (an xorshift).
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn matrix(g: &Gpu, dtype: GgmlType, rows: usize, cols: usize, seed: u64) -> DevMatrix {
     let x = randn(rows * cols, seed);

@@ -9,37 +9,13 @@
 //! `DAMASCUS_REQUIRE_CUDA=1` (set on the GPU machine) turns that into a failure.
 #![cfg(feature = "cuda")]
 
-use std::sync::Arc;
+mod common;
+
+use common::{own_gpu, randn};
 
 use damascus_cuda::layout;
-use damascus_cuda::{AttnParams, CudaError, DevAct, DevMatrix, Gpu, PagedSeq};
+use damascus_cuda::{AttnParams, DevAct, DevMatrix, Gpu, PagedSeq};
 use damascus_gguf::GgmlType;
-
-/// A device of each test's own: the row settings are per `Gpu`.
-fn gpu() -> Option<Arc<Gpu>> {
-    let required = std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Gpu::open(0) {
-        Ok(g) => Some(g),
-        Err(CudaError::NoDevice(why)) if !required => {
-            eprintln!("SKIPPED: no CUDA device ({why})");
-            None
-        }
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    }
-}
-
-/// Deterministic pseudo-random floats in [-1, 1) (an xorshift).
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// A `[rows, cols]` matrix of `dtype` on the device and its packed size in bytes.
 fn matrix(
@@ -76,7 +52,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 #[test]
 fn resized_activations_give_the_bits_of_fresh_ones() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = own_gpu() else { return };
     for (dtype, cols) in [
         (GgmlType::Q4_K, 512usize),
         (GgmlType::Q6_K, 256),
@@ -115,7 +91,7 @@ fn resized_activations_give_the_bits_of_fresh_ones() {
 
 #[test]
 fn gemv_rows_keeps_decode_batches_up_to_64_on_their_one_row_bits() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = own_gpu() else { return };
     g.set_gemv_rows(64);
     for (dtype, cols) in [(GgmlType::Q4_K, 512usize), (GgmlType::Q6_K, 256)] {
         for two_level in [false, true] {
@@ -165,7 +141,7 @@ fn gemv_rows_keeps_decode_batches_up_to_64_on_their_one_row_bits() {
 
 #[test]
 fn mmq_rows_sends_short_passes_to_mmq_and_long_ones_to_cublas() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = own_gpu() else { return };
     g.set_mmq_rows(64);
     let cols = 512;
     for n in [16usize, 33, 64, 65] {
@@ -189,7 +165,7 @@ fn mmq_rows_sends_short_passes_to_mmq_and_long_ones_to_cublas() {
 
 #[test]
 fn decode_batch_graphs_on_cublas_match_eager_launches() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = own_gpu() else { return };
     // 20 decode rows (one per sequence, each in its own block of a shared pool): past the
     // GEMV rows, so the matmuls run on cuBLAS; with graphs on, the second and later steps
     // replay the graph captured at the first.
