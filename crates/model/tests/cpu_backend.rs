@@ -13,10 +13,6 @@ use damascus_model::backend::reference::ReferenceBackend;
 use damascus_model::verify::{Fixture, compare_models, verify};
 use damascus_model::{KvCacheType, LoadOptions, Model};
 
-/// Fast-path bar on the logits.
-const MIN_LOGITS_COSINE: f64 = 0.999;
-/// Fast-path bar on every hidden state.
-const MIN_HIDDEN_COSINE: f64 = 0.995;
 /// Logits cosine against the reference after a prefill *and* decode steps. Q8 activation
 /// rounding flips differently with each ISA's summation order and the flips grow through the
 /// 30 layers (measured on "The capital of France is" + 2 decode steps: scalar/AVX2 ≈ 0.9992,
@@ -62,20 +58,7 @@ fn matches_reference_on_1_2_3_threads(ids: &[u32]) {
     for n in [1, 2, 3] {
         let m = cpu(n);
         let d = compare_models(reference(), &m, ids).unwrap();
-        for s in &d.slots {
-            assert!(
-                s.cosine >= MIN_HIDDEN_COSINE,
-                "{n} threads: {} cosine {}",
-                s.label,
-                s.cosine
-            );
-        }
-        assert!(
-            d.logits_cosine >= MIN_LOGITS_COSINE,
-            "{n} threads: logits cosine {}",
-            d.logits_cosine
-        );
-        assert!(d.same_top1, "{n} threads: top-1 differs");
+        common::assert_near_reference(&d, &format!("{n} threads"));
     }
 }
 
@@ -154,7 +137,7 @@ fn passes_hf_fixtures_within_fast_tolerance() {
             report.min_cosine()
         );
         assert!(
-            report.logits_cosine >= MIN_LOGITS_COSINE,
+            report.logits_cosine >= common::MIN_LOGITS_COSINE,
             "{name}: logits cosine {}",
             report.logits_cosine
         );
@@ -214,7 +197,7 @@ fn reference_honours_the_cache_type() {
     assert_ne!(f16, f32, "f16 rounding changed nothing");
     let c = cosine(&f16, &f32);
     assert!(
-        c >= MIN_LOGITS_COSINE,
+        c >= common::MIN_LOGITS_COSINE,
         "f16 vs f32 cache: logits cosine {c}"
     );
     assert_eq!(argmax(&f16), argmax(&f32));

@@ -23,9 +23,6 @@ use damascus_model::verify::{Fixture, compare_models, verify};
 use damascus_model::{LoadOptions, Model, ModelError};
 use damascus_quant::recipe::Mix;
 
-const MIN_LOGITS_COSINE: f64 = 0.999;
-const MIN_HIDDEN_COSINE: f64 = 0.995;
-
 fn required() -> bool {
     std::env::var("DAMASCUS_REQUIRE_CUDA").is_ok_and(|v| v == "1")
 }
@@ -72,21 +69,7 @@ fn matches_reference(file: &Arc<GgufFile>, ids: &[u32], what: &str) {
     let cuda = Model::with_backend(file.clone(), &opts(), b).expect("loading on CUDA");
     let reference = Model::with_backend(file.clone(), &opts(), ReferenceBackend).unwrap();
     let d = compare_models(&reference, &cuda, ids).unwrap();
-    for s in &d.slots {
-        assert!(
-            s.cosine >= MIN_HIDDEN_COSINE,
-            "{what}: {} cosine {}",
-            s.label,
-            s.cosine
-        );
-    }
-    eprintln!("{what}: logits cosine {:.6}", d.logits_cosine);
-    assert!(
-        d.logits_cosine >= MIN_LOGITS_COSINE,
-        "{what}: logits cosine {}",
-        d.logits_cosine
-    );
-    assert!(d.same_top1, "{what}: top-1 differs");
+    common::assert_near_reference(&d, what);
 }
 
 const IDS: [u32; 8] = [791, 4062, 14198, 39935, 35308, 927, 279, 16053];
@@ -130,7 +113,7 @@ fn decode_steps_match_reference_and_replay_graphs() {
     let want = reference.session().unwrap().eval(&ids).unwrap();
     let c = damascus_model::verify::compare(&got, &want).0;
     eprintln!("prefill 20 + decode 50: logits cosine {c:.6}");
-    assert!(c >= MIN_LOGITS_COSINE, "logits cosine {c}");
+    assert!(c >= common::MIN_LOGITS_COSINE, "logits cosine {c}");
     assert_eq!(argmax(&got), argmax(&want));
 }
 
@@ -180,7 +163,7 @@ fn layer_split_cpu_then_cuda_matches_reference() {
     let want = reference.session().unwrap().eval(&ids).unwrap();
     let c = damascus_model::verify::compare(&got, &want).0;
     eprintln!("cpu+cuda split, prefill 40 + decode 20: logits cosine {c:.6}");
-    assert!(c >= MIN_LOGITS_COSINE, "logits cosine {c}");
+    assert!(c >= common::MIN_LOGITS_COSINE, "logits cosine {c}");
     assert_eq!(argmax(&got), argmax(&want));
 }
 
@@ -201,7 +184,7 @@ fn check_fixture(file: Arc<GgufFile>, fx: &Fixture, name: &str) {
         report.min_cosine()
     );
     assert!(
-        report.logits_cosine >= MIN_LOGITS_COSINE,
+        report.logits_cosine >= common::MIN_LOGITS_COSINE,
         "{name}: logits cosine {}",
         report.logits_cosine
     );
@@ -371,7 +354,7 @@ fn every_family_matches_reference_on_cuda() {
             sorted.sort_by(|a, b| b.total_cmp(a));
             let margin = sorted[0] - sorted[1];
             assert!(
-                d.logits_cosine >= MIN_LOGITS_COSINE && (d.same_top1 || margin < 0.02),
+                d.logits_cosine >= common::MIN_LOGITS_COSINE && (d.same_top1 || margin < 0.02),
                 "{family} ({} tokens): logits cosine {}, same top-1 {}, reference top-2 margin \
                  {margin}",
                 prompt.len(),

@@ -23,9 +23,6 @@ use damascus_model::verify::compare_models;
 use damascus_model::{BackendKind, KvCacheType, LoadOptions, Model, ModelError};
 use damascus_quant::recipe::Mix;
 
-const MIN_LOGITS_COSINE: f64 = 0.999;
-const MIN_HIDDEN_COSINE: f64 = 0.995;
-
 fn opts() -> LoadOptions {
     LoadOptions {
         n_ctx: Some(96),
@@ -50,21 +47,7 @@ fn argmax(v: &[f32]) -> usize {
 /// `b` against the reference on `ids` as one prompt: every hidden slot, the logits, the top-1.
 fn matches_reference(r: &Model, b: &Model, ids: &[u32], what: &str) {
     let d = compare_models(r, b, ids).unwrap();
-    for s in &d.slots {
-        assert!(
-            s.cosine >= MIN_HIDDEN_COSINE,
-            "{what}: {} cosine {}",
-            s.label,
-            s.cosine
-        );
-    }
-    eprintln!("{what}: logits cosine {:.6}", d.logits_cosine);
-    assert!(
-        d.logits_cosine >= MIN_LOGITS_COSINE,
-        "{what}: logits cosine {}",
-        d.logits_cosine
-    );
-    assert!(d.same_top1, "{what}: top-1 differs");
+    common::assert_near_reference(&d, what);
 }
 
 const IDS: [u32; 8] = [791, 4062, 14198, 39935, 35308, 927, 279, 16053];
@@ -106,7 +89,7 @@ fn q8_0_decode_steps_match_the_reference_emulation() {
     let want = r.session().unwrap().eval(&ids).unwrap();
     let cos = damascus_model::verify::compare(&got, &want).0;
     eprintln!("q8_0: prefill 20 + decode 50: logits cosine {cos:.6}");
-    assert!(cos >= MIN_LOGITS_COSINE, "logits cosine {cos}");
+    assert!(cos >= common::MIN_LOGITS_COSINE, "logits cosine {cos}");
     assert_eq!(argmax(&got), argmax(&want));
 }
 
@@ -144,7 +127,7 @@ fn family_fixtures_on_q8_0_match_the_reference_emulation() {
             sorted.sort_by(|a, b| b.total_cmp(a));
             let margin = sorted[0] - sorted[1];
             assert!(
-                d.logits_cosine >= MIN_LOGITS_COSINE && (d.same_top1 || margin < 0.02),
+                d.logits_cosine >= common::MIN_LOGITS_COSINE && (d.same_top1 || margin < 0.02),
                 "{family} q8_0 ({} tokens): logits cosine {}, same top-1 {}, reference top-2 \
                  margin {margin}",
                 prompt.len(),

@@ -93,3 +93,28 @@ pub fn act(
         data: vals(n_tokens * width, seed),
     }
 }
+
+/// The fast path's bar against the reference: the logits' cosine.
+pub const MIN_LOGITS_COSINE: f64 = 0.999;
+/// The fast path's bar against the reference: every hidden slot's cosine.
+pub const MIN_HIDDEN_COSINE: f64 = 0.995;
+
+/// `d` (a backend against the reference on one prompt) within the fast path's bars: every
+/// hidden slot, the logits, and the same top-1.
+pub fn assert_near_reference(d: &damascus_model::verify::BackendDiff, what: &str) {
+    for s in &d.slots {
+        assert!(
+            s.cosine >= MIN_HIDDEN_COSINE,
+            "{what}: {} cosine {}",
+            s.label,
+            s.cosine
+        );
+    }
+    eprintln!("{what}: logits cosine {:.6}", d.logits_cosine);
+    assert!(
+        d.logits_cosine >= MIN_LOGITS_COSINE,
+        "{what}: logits cosine {}",
+        d.logits_cosine
+    );
+    assert!(d.same_top1, "{what}: top-1 differs");
+}
