@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{f16_round, gpu, randn};
+use common::{f16_round, gpu, host_attention, randn};
 
 use std::sync::Mutex;
 
@@ -59,41 +59,16 @@ impl Case {
     /// Host attention of the token at position `pos` (all heads, `[n_head * hd]`).
     fn host(&self, pos: usize) -> Vec<f32> {
         let (n_head, n_kv, hd) = (self.n_head, self.n_kv, self.hd);
-        let group = n_head / n_kv;
-        let scale = f64::from(self.params.scale.unwrap_or(1.0 / (hd as f32).sqrt()));
-        let w = self.params.window;
-        let lo = if w > 0 {
-            (pos + 1).saturating_sub(w)
-        } else {
-            0
-        };
-        let mut out = vec![0f32; n_head * hd];
-        for h in 0..n_head {
-            let kvh = h / group;
-            let qh = &self.q[(pos * n_head + h) * hd..(pos * n_head + h + 1) * hd];
-            let scores: Vec<f64> = (lo..=pos)
-                .map(|p| {
-                    let kr = &self.kr[(p * n_kv + kvh) * hd..(p * n_kv + kvh + 1) * hd];
-                    qh.iter()
-                        .zip(kr)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let l: f64 = e.iter().sum();
-            for d in 0..hd {
-                let acc: f64 = e
-                    .iter()
-                    .zip(lo..=pos)
-                    .map(|(&e, p)| e * f64::from(self.vr[(p * n_kv + kvh) * hd + d]))
-                    .sum();
-                out[h * hd + d] = (acc / l) as f32;
-            }
-        }
-        out
+        host_attention(
+            &self.q[pos * n_head * hd..(pos + 1) * n_head * hd],
+            n_head,
+            n_kv,
+            hd,
+            pos,
+            self.params,
+            |kvh, p| &self.kr[(p * n_kv + kvh) * hd..][..hd],
+            |kvh, p| &self.vr[(p * n_kv + kvh) * hd..][..hd],
+        )
     }
 
     /// Runs tokens `pos0..pos0 + n` through the device (writing their k/v into `kv`).

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{f16_round, gpu, randn};
+use common::{f16_round, gpu, host_attention, randn};
 
 use std::sync::Mutex;
 
@@ -66,42 +66,16 @@ impl Seq {
     /// Host attention of the query at `pos` (all heads, `[n_head * hd]`).
     fn host(&self, pos: usize, params: AttnParams) -> Vec<f32> {
         let (n_head, n_kv, hd) = (self.n_head, self.n_kv, self.hd);
-        let group = n_head / n_kv;
-        let scale = f64::from(params.scale.unwrap_or(1.0 / (hd as f32).sqrt()));
-        let lo = match params.window {
-            0 => 0,
-            w => (pos + 1).saturating_sub(w),
-        };
-        let mut out = vec![0f32; n_head * hd];
-        for h in 0..n_head {
-            let kvh = h / group;
-            let qh = &self.q[(pos * n_head + h) * hd..][..hd];
-            let s: Vec<f64> = (lo..=pos)
-                .map(|p| {
-                    let kr = &self.kr[(p * n_kv + kvh) * hd..][..hd];
-                    let dot: f64 = qh
-                        .iter()
-                        .zip(kr)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum();
-                    dot * scale
-                })
-                .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = e.iter().sum();
-            let mut acc = vec![0f64; hd];
-            for (&e, p) in e.iter().zip(lo..=pos) {
-                let vr = &self.vr[(p * n_kv + kvh) * hd..][..hd];
-                for (a, &v) in acc.iter_mut().zip(vr) {
-                    *a += e * f64::from(v);
-                }
-            }
-            for (o, a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc) {
-                *o = (a / l) as f32;
-            }
-        }
-        out
+        host_attention(
+            &self.q[pos * n_head * hd..(pos + 1) * n_head * hd],
+            n_head,
+            n_kv,
+            hd,
+            pos,
+            params,
+            |kvh, p| &self.kr[(p * n_kv + kvh) * hd..][..hd],
+            |kvh, p| &self.vr[(p * n_kv + kvh) * hd..][..hd],
+        )
     }
 }
 

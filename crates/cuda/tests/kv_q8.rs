@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{gpu, randn};
+use common::{gpu, host_attention, randn};
 
 use std::sync::Mutex;
 
@@ -85,42 +85,16 @@ fn host_attn(
     params: AttnParams,
     slot: &dyn Fn(usize) -> usize,
 ) -> Vec<f32> {
-    let n_kv = kw.len();
-    let group = n_head / n_kv;
-    let scale = f64::from(params.scale.unwrap_or(1.0 / (hd as f32).sqrt()));
-    let lo = if params.window > 0 {
-        (pos + 1).saturating_sub(params.window)
-    } else {
-        0
-    };
-    let mut out = vec![0f32; n_head * hd];
-    for h in 0..n_head {
-        let kvh = h / group;
-        let qh = &q[h * hd..(h + 1) * hd];
-        let scores: Vec<f64> = (lo..=pos)
-            .map(|p| {
-                let s = slot(p);
-                let kr = &kw[kvh][s * hd..(s + 1) * hd];
-                qh.iter()
-                    .zip(kr)
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum::<f64>()
-                    * scale
-            })
-            .collect();
-        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-        let l: f64 = e.iter().sum();
-        for d in 0..hd {
-            let acc: f64 = e
-                .iter()
-                .zip(lo..=pos)
-                .map(|(&e, p)| e * f64::from(vw[kvh][slot(p) * hd + d]))
-                .sum();
-            out[h * hd + d] = (acc / l) as f32;
-        }
-    }
-    out
+    host_attention(
+        q,
+        n_head,
+        kw.len(),
+        hd,
+        pos,
+        params,
+        |kvh, p| &kw[kvh][slot(p) * hd..][..hd],
+        |kvh, p| &vw[kvh][slot(p) * hd..][..hd],
+    )
 }
 
 fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {

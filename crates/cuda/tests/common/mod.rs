@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use damascus_cuda::{CudaError, Gpu};
+use damascus_cuda::{AttnParams, CudaError, Gpu};
 
 /// The test binary's one device (opened once, shared by its tests).
 pub fn gpu() -> Option<Arc<Gpu>> {
@@ -55,4 +55,54 @@ pub fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter()
         .map(|&x| damascus_quant::fp::fp16_to_f32(damascus_quant::fp::f32_to_fp16(x)))
         .collect()
+}
+
+/// The f64 host reference of one query: `q` `[n_head * hd]` at position `pos` against the key
+/// and value rows `key(kv_head, p)` / `value(kv_head, p)` (`[hd]` each) of the positions its
+/// window sees, scores times `params.scale` (default 1/√hd); query head h reads KV head
+/// h / (n_head / n_kv). Returns `[n_head * hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn host_attention<'a>(
+    q: &[f32],
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    pos: usize,
+    params: AttnParams,
+    key: impl Fn(usize, usize) -> &'a [f32],
+    value: impl Fn(usize, usize) -> &'a [f32],
+) -> Vec<f32> {
+    let group = n_head / n_kv;
+    let scale = f64::from(params.scale.unwrap_or(1.0 / (hd as f32).sqrt()));
+    let lo = match params.window {
+        0 => 0,
+        w => (pos + 1).saturating_sub(w),
+    };
+    let mut out = vec![0f32; n_head * hd];
+    for h in 0..n_head {
+        let kvh = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let scores: Vec<f64> = (lo..=pos)
+            .map(|p| {
+                qh.iter()
+                    .zip(key(kvh, p))
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        let mut acc = vec![0f64; hd];
+        for (&e, p) in e.iter().zip(lo..=pos) {
+            for (a, &v) in acc.iter_mut().zip(value(kvh, p)) {
+                *a += e * f64::from(v);
+            }
+        }
+        for (o, a) in out[h * hd..(h + 1) * hd].iter_mut().zip(&acc) {
+            *o = (a / l) as f32;
+        }
+    }
+    out
 }
