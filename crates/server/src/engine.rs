@@ -506,12 +506,14 @@ impl Engine {
                 }
                 return;
             }
-            // New jobs: one at a time, only when the head of the line could be admitted, so
-            // the bounded channel stays the queue that 503s.
-            if waiting.is_empty()
-                && running.len() < self.cfg.parallel
-                && let Some(job) = self.recv(running.is_empty())
+            // New jobs: as many as free slots (all that arrived together join the same step),
+            // never more, so the bounded channel stays the queue that 503s. Blocks only when
+            // there is nothing else to do.
+            let mut block = running.is_empty() && waiting.is_empty();
+            while running.len() + waiting.len() < self.cfg.parallel
+                && let Some(job) = self.recv(block)
             {
+                block = false;
                 match Seq::for_job(job, tok) {
                     Ok(seqs) => waiting.extend(seqs),
                     Err(failed) => {
