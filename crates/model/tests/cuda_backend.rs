@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::tiny;
+use common::{tiny, vals};
 use damascus_gguf::GgufFile;
 use damascus_model::backend::cuda::CudaBackend;
 use damascus_model::backend::reference::ReferenceBackend;
@@ -212,19 +212,6 @@ fn passes_hf_fixtures_within_fast_tolerance() {
         }
         None => eprintln!("SKIPPED SmolLM2 fixtures: the default model is not cached here"),
     }
-}
-
-/// Deterministic pseudo-random values in about [-1, 1).
-fn vals(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 #[test]
