@@ -2,17 +2,18 @@
 # The GPU machine's checks of this tree in consecutive warm calls (the machine goes back 30 s
 # after a call; a call carries at most 64 MiB). Run through the device tool from the repository
 # root, after tools/device_pack.sh. Dev tool, not run in CI. Stages (one call each, in order):
-#   setup   carry .dev/q/p0 .dev/b.txz .dev/tok.txz [.dev/llama.tgz]: unpack, start `damascus synth`
+#   setup   carry .dev/b.txz .dev/tok.txz [.dev/llama.tgz]: unpack, start `damascus synth`
 #           of the 3B and (if carried) the llama.cpp CUDA build, each in its own session
-#   piece N carry .dev/q/pN (N = 1..4): the Gemma pieces
+#   piece N carry .dev/q/pN (N = 0..4): the Gemma pieces
 #   gemma   (with piece 4 in the same call: `P=4`): Gemma 3 270M against HF on CUDA
 #           (crates/model/tests/gemma3_270m.rs `cuda`, under DAMASCUS_TWO_LEVEL=all) and
 #           tools/oracle_dp.py over the settings that move its accuracy
 #   tests   every GPU test binary with DAMASCUS_REQUIRE_CUDA=1
-#   bench   the 3B: tg128 under the switchable paths (PDL, fusions, streamed decode attention,
-#           two-level) at depth 0 and 16384, q8_0 KV; llama.cpp's Δp on Gemma if it was built
-# e.g.  run(command="bash tools/device_validate.sh setup", carry=[".dev/q/p0", ".dev/b.txz", ".dev/tok.txz"])
-#       run(command="P=1 bash tools/device_validate.sh piece", carry=[".dev/q/p1"]) ... P=3
+#   bench   the 3B against llama-bench (if built; tools/bench_cuda_compare.py, ROUNDS x PER
+#           samples), then Damascus alone under the switchable paths (PDL, fusions, streamed
+#           decode attention, two-level) at depths 0/4096/16384 and q8_0 KV; llama.cpp's Δp on Gemma
+# e.g.  run(command="bash tools/device_validate.sh setup tests", carry=[".dev/b.txz", ".dev/tok.txz", ".dev/llama.tgz"])
+#       run(command="P=0 bash tools/device_validate.sh piece", carry=[".dev/q/p0"]) ... P=3
 #       run(command="P=4 bash tools/device_validate.sh piece gemma tests", carry=[".dev/q/p4"])
 set -uo pipefail
 export DAMASCUS_HOME=/tmp/dh
@@ -25,7 +26,7 @@ O=tests/fixtures/families/gemma3-270m-oracle.json
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /work && ln -sfn "$PWD" /work/main
 for stage in "$@"; do case $stage in
 setup)
-  mkdir -p /tmp/g /tmp/dh/models && cp .dev/q/p0 /tmp/g/ && tar xJf .dev/tok.txz -C /tmp/dh && tar xJf .dev/b.txz -C /tmp
+  mkdir -p /tmp/g /tmp/dh/models && tar xJf .dev/tok.txz -C /tmp/dh && tar xJf .dev/b.txz -C /tmp
   setsid nohup bash -c "LD_LIBRARY_PATH=$LD_LIBRARY_PATH DAMASCUS_HOME=/tmp/dh $D synth --shape llama-3.2-3b --type Q4_K_M $M > /tmp/synth.log 2>&1; echo rc=\$? > /tmp/synth.done" > /dev/null 2>&1 < /dev/null &
   if [ -f .dev/llama.tgz ]; then
     tar xzf .dev/llama.tgz -C /tmp
@@ -33,7 +34,7 @@ setup)
   fi
   { nvidia-smi; $D --device-info; } > "$OUT/device.txt" 2>&1; nvidia-smi --query-gpu=name --format=csv,noheader ;;
 piece)
-  cp ".dev/q/p$P" /tmp/g/ && ls /tmp/g | tr '\n' ' '; echo ;;
+  mkdir -p /tmp/g && cp ".dev/q/p$P" /tmp/g/ && ls /tmp/g | tr '\n' ' '; echo ;;
 gemma)
   cat /tmp/g/p? > "$G" && sha256sum "$G" | cut -c1-16
   ( cd /tmp && DAMASCUS_TWO_LEVEL=all DAMASCUS_REQUIRE_CUDA=1 timeout 150 /tmp/b/test-m-gemma3_270m cuda --test-threads 1 --nocapture 2>&1 ) > "$OUT/t-gemma.txt"
@@ -48,11 +49,15 @@ tests)
   done ;;
 bench)
   cat /tmp/synth.done /tmp/llama.done 2>/dev/null
+  if [ -x $L/llama-bench ]; then
+    timeout 420 python3 tools/bench_cuda_compare.py -m $M --damascus $D --llama-bench $L/llama-bench \
+      --groups "${GROUPS_:-512/128/0 0/128/4096,16384}" --rounds "${ROUNDS:-5}" --per "${PER:-2}" 2>&1 | tee "$OUT/compare.md"
+  fi
   bm() { echo "$1 ${*:2}: $(env ${1//,/ } $D bench --backend cuda -m $M "${@:2}" -r 3 --json 2>/dev/null | tr -d ' \n' | grep -o '"median_ts":[0-9.]*' | tr '\n' ' ')"; }
   for r in 1 2; do
-    for e in X=0 DAMASCUS_CUDA_PDL=1 DAMASCUS_CUDA_PDL=1,DAMASCUS_CUDA_FUSE=1 DAMASCUS_TWO_LEVEL=all; do bm $e -p 0 -n 128; done
-    for e in X=0 DAMASCUS_CUDA_ATTN_V2=1; do bm $e -p 0 -n 128 -d 16384; done
-    bm X=0 -p 0 -n 128 -d 16384 -ctk q8_0 -ctv q8_0
+    for e in X=0 DAMASCUS_CUDA_PDL=0 DAMASCUS_CUDA_FUSE=1 DAMASCUS_TWO_LEVEL=all DAMASCUS_CUDA_ATTN_V2=0; do bm $e -p 0 -n 128; done
+    for e in X=0 DAMASCUS_CUDA_ATTN_V2=0 DAMASCUS_CUDA_PDL=0; do bm $e -p 0 -n 128 -d 4096,16384; done
+    bm X=0 -p 0 -n 128 -d 4096,16384 -ctk q8_0 -ctv q8_0
   done | tee "$OUT/variants.txt"
   if [ -x $L/llama-server ]; then
     $L/llama-server -m "$G" --port 8190 -ngl 99 -fa on > "$OUT/ls-gemma.log" 2>&1 &

@@ -54,7 +54,7 @@ pub struct KernelSettings {
     pub cuda_flash: bool,
     /// CUDA: decode attention on the streamed kernel (`cp.async` K/V tiles for a whole GQA
     /// group, online softmax per split) for head sizes 64/128/256 instead of the split
-    /// kernel. `DAMASCUS_CUDA_ATTN_V2` (1: on).
+    /// kernel. `DAMASCUS_CUDA_ATTN_V2` (0: off).
     pub cuda_attn_v2: bool,
     /// CUDA: decode batches of 2..16 tokens on the batched GEMV (one weight load per 8
     /// tokens). `DAMASCUS_CUDA_GEMV_BATCH` (0: off).
@@ -74,8 +74,8 @@ pub struct KernelSettings {
     /// then works in a workspace of its own). `DAMASCUS_CUDA_GRAPH_GEMM` (0: off).
     pub cuda_graph_gemm: bool,
     /// CUDA (sm_90+): programmatic dependent launch, each kernel of a pass starting while the
-    /// one before it drains. `DAMASCUS_CUDA_PDL` (1: on, with `cuda_pdl_prefetch`;
-    /// `noprefetch`: on without it).
+    /// one before it drains. `DAMASCUS_CUDA_PDL` (0: off; `noprefetch`: on without
+    /// `cuda_pdl_prefetch`).
     pub cuda_pdl: bool,
     /// CUDA, with `cuda_pdl`: each decode GEMV block prefetches its weight rows into L2 before
     /// it waits on the kernel before it (off with `DAMASCUS_CUDA_PDL=noprefetch`).
@@ -104,13 +104,13 @@ impl Default for KernelSettings {
             cuda_graphs: true,
             cuda_mmq: false,
             cuda_flash: true,
-            cuda_attn_v2: false,
+            cuda_attn_v2: true,
             cuda_gemv_batch: true,
             cuda_profile: false,
             cuda_gemv_rows: None,
             cuda_mmq_rows: None,
             cuda_graph_gemm: true,
-            cuda_pdl: false,
+            cuda_pdl: true,
             cuda_pdl_prefetch: true,
             cuda_fuse: false,
         }
@@ -185,7 +185,7 @@ impl KernelSettings {
         ),
         (
             "DAMASCUS_CUDA_ATTN_V2",
-            "1: CUDA decode attention on the streamed kernel",
+            "0: CUDA decode attention on the split kernel (not the streamed one)",
         ),
         (
             "DAMASCUS_CUDA_GEMV_BATCH",
@@ -194,7 +194,7 @@ impl KernelSettings {
         ("DAMASCUS_CUDA_PROFILE", "1: per-op CUDA profile on stderr"),
         (
             "DAMASCUS_CUDA_PDL",
-            "1: CUDA programmatic dependent launch + GEMV weight prefetch (noprefetch: without it)",
+            "0: no CUDA programmatic dependent launch (noprefetch: PDL without the GEMV weight prefetch)",
         ),
         (
             "DAMASCUS_CUDA_FUSE",
@@ -247,13 +247,13 @@ impl KernelSettings {
             cuda_graphs: !off("DAMASCUS_CUDA_GRAPHS"),
             cuda_mmq: val("DAMASCUS_CUDA_MMQ").is_some_and(|v| v == "1"),
             cuda_flash: !off("DAMASCUS_CUDA_FLASH"),
-            cuda_attn_v2: val("DAMASCUS_CUDA_ATTN_V2").is_some_and(|v| v == "1"),
+            cuda_attn_v2: !off("DAMASCUS_CUDA_ATTN_V2"),
             cuda_gemv_batch: !off("DAMASCUS_CUDA_GEMV_BATCH"),
             cuda_profile: val("DAMASCUS_CUDA_PROFILE").is_some_and(|v| v != "0"),
             cuda_gemv_rows: num("DAMASCUS_CUDA_GEMV_ROWS")?,
             cuda_mmq_rows: num("DAMASCUS_CUDA_MMQ_ROWS")?,
             cuda_graph_gemm: !off("DAMASCUS_CUDA_GRAPH_GEMM"),
-            cuda_pdl: val("DAMASCUS_CUDA_PDL").is_some_and(|v| v == "1" || v == "noprefetch"),
+            cuda_pdl: !off("DAMASCUS_CUDA_PDL"),
             cuda_pdl_prefetch: val("DAMASCUS_CUDA_PDL").is_none_or(|v| v != "noprefetch"),
             cuda_fuse: val("DAMASCUS_CUDA_FUSE").is_some_and(|v| v == "1"),
         })
@@ -319,13 +319,13 @@ mod tests {
             ("DAMASCUS_PREFETCH", "0"),
             ("DAMASCUS_AMX_THREADS", "8"),
             ("DAMASCUS_PROFILE", "1"),
-            ("DAMASCUS_CUDA_ATTN_V2", "1"),
+            ("DAMASCUS_CUDA_ATTN_V2", "0"),
         ]))
         .unwrap();
         assert_eq!(s.isa, Some(Isa::Avx2));
-        assert!(!s.gemm && s.int8 && !s.repack && s.profile && s.cuda_attn_v2);
+        assert!(!s.gemm && s.int8 && !s.repack && s.profile && !s.cuda_attn_v2);
         assert_eq!((s.prefetch, s.amx_threads), (Some(0), Some(8)));
-        assert!(!s.cuda_pdl);
+        assert!(s.cuda_pdl && s.cuda_pdl_prefetch);
         let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "1")])).unwrap();
         assert!(s.cuda_pdl && s.cuda_pdl_prefetch);
         let s = KernelSettings::from_vars(env(&[("DAMASCUS_CUDA_PDL", "noprefetch")])).unwrap();

@@ -12,12 +12,13 @@
 //! | `qwen2` | NEOX halves | SwiGLU | Q/K/V biases |
 //! | `qwen3` | NEOX halves | SwiGLU | per-head Q/K RMSNorm |
 //! | `phi3` | NEOX halves | SwiGLU | fused `attn_qkv`, `ffn_up` holding gate and up |
-//! | `gemma3` | NEOX halves | GeGLU (tanh GELU) | embeddings × √n_embd, per-head Q/K RMSNorm, post-attention and post-FFN norms, 5 local (window, θ = 10k) : 1 global layers, optional final-logit soft-cap |
+//! | `gemma3` | NEOX halves | GeGLU (tanh GELU) | embeddings × √n_embd, per-head Q/K RMSNorm, post-attention and post-FFN norms, 5 local (window, θ = 10k) : 1 global layers, optional final-logit soft-cap, two-level q8 activations on CUDA |
 //!
 //! GGUF files written by llama.cpp's converter already fold Gemma's `1 + weight` into every
 //! norm weight, so every norm here is a plain RMSNorm.
 
 use damascus_kernels::reference::RopeLayout;
+use damascus_kernels::settings::KernelSettings;
 
 /// A decoder family Damascus runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +78,11 @@ pub struct FamilySpec {
     pub swa_rope_theta: Option<f32>,
     /// `ffn_up` holds `[gate; up]` stacked (`2·n_ff` rows) and there is no `ffn_gate`.
     pub fused_gate_up: bool,
+    /// Activations with outliers that one q8 level rounds too coarsely: on CUDA every
+    /// quantized decode GEMV takes two-level q8 activations, not only Q/K/V
+    /// ([`FamilySpec::kernel_settings`]). Gemma 3: one level put the real 270M 0.038 from HF's
+    /// next-token probabilities ("東京は日本の"), two levels 0.0005 (BENCHMARKS.md, H100).
+    pub two_level_all: bool,
 }
 
 impl Family {
@@ -114,6 +120,7 @@ impl Family {
             window_layers: WindowLayers::All,
             swa_rope_theta: None,
             fused_gate_up: false,
+            two_level_all: false,
         };
         let neox = FamilySpec {
             rope_layout: RopeLayout::Neox,
@@ -137,9 +144,21 @@ impl Family {
                 embed_scale_sqrt: true,
                 window_layers: WindowLayers::AllButEvery(6),
                 swa_rope_theta: Some(10_000.0),
+                two_level_all: true,
                 ..neox
             },
         }
+    }
+}
+
+impl FamilySpec {
+    /// The kernel settings this family runs under, given the user's: a family that needs
+    /// two-level activations everywhere gets them unless two levels were turned off
+    /// (`DAMASCUS_TWO_LEVEL=0`).
+    pub fn kernel_settings(&self, user: &KernelSettings) -> KernelSettings {
+        let mut s = user.clone();
+        s.two_level_all |= self.two_level_all && user.two_level_qkv;
+        s
     }
 }
 
@@ -157,6 +176,18 @@ impl WindowLayers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemma3_takes_two_level_activations_unless_turned_off() {
+        let user = KernelSettings::default();
+        assert!(Family::Gemma3.spec().kernel_settings(&user).two_level_all);
+        assert!(!Family::Llama.spec().kernel_settings(&user).two_level_all);
+        let off = KernelSettings {
+            two_level_qkv: false,
+            ..user
+        };
+        assert!(!Family::Gemma3.spec().kernel_settings(&off).two_level_all);
+    }
 
     #[test]
     fn every_supported_arch_has_a_family() {

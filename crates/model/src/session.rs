@@ -246,7 +246,9 @@ impl Model {
                 n_gpu_layers,
                 n_threads,
             } => {
-                let n_layer = ModelConfig::from_gguf(&file)?.n_layer as usize;
+                let config = ModelConfig::from_gguf(&file)?;
+                let n_layer = config.n_layer as usize;
+                let kernel = config.spec.kernel_settings(&opts.kernel);
                 match n_gpu_layers {
                     Some(0) => Self::with_backend(
                         file,
@@ -256,7 +258,7 @@ impl Model {
                     ),
                     Some(n) if n < n_layer => {
                         let gpu =
-                            crate::backend::cuda::CudaBackend::with_settings(device, &opts.kernel)?;
+                            crate::backend::cuda::CudaBackend::with_settings(device, &kernel)?;
                         let split = crate::backend::split::Split::new(
                             CpuBackend::with_settings(n_threads, &opts.kernel)
                                 .with_repack(!opts.no_repack),
@@ -268,7 +270,7 @@ impl Model {
                     }
                     _ => {
                         let backend =
-                            crate::backend::cuda::CudaBackend::with_settings(device, &opts.kernel)?;
+                            crate::backend::cuda::CudaBackend::with_settings(device, &kernel)?;
                         Self::with_backend(file, opts, backend)
                     }
                 }

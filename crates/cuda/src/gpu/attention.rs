@@ -80,6 +80,13 @@ pub(super) fn flash_smem(d: usize) -> u32 {
     ((FA_ROWS + 4 * bk) * (d + 8) * 2) as u32
 }
 
+/// The head size in a flash kernel's name after `attn_flash_`: `[paged_]D[_q8]` (the q8_0
+/// twins stage f16 tiles, so they need the same shared memory as the f16 kernels).
+pub(super) fn flash_kernel_head_size(suffix: &str) -> Option<usize> {
+    let d = suffix.trim_start_matches("paged_");
+    d.strip_suffix("_q8").unwrap_or(d).parse().ok()
+}
+
 impl Gpu {
     /// Turns the streamed decode attention (`kernels/attn_decode.cu`) on or off (off at
     /// first; `KernelSettings::cuda_attn_v2`). It serves head sizes 64, 128 and 256; others,
@@ -394,6 +401,24 @@ mod tests {
         for n in [1, 33, 1000, 5000, 70000] {
             assert!(decode_chunk(n).is_power_of_two());
         }
+    }
+
+    #[test]
+    fn every_flash_kernel_name_gives_its_head_size() {
+        // A name that does not parse would launch past 48 KiB without the attribute set.
+        let flash: Vec<&str> = super::super::launch::KERNELS
+            .iter()
+            .filter_map(|k| k.strip_prefix("attn_flash_"))
+            .collect();
+        assert!(flash.len() >= 20, "{flash:?}");
+        for k in flash {
+            let d = flash_kernel_head_size(k).unwrap_or_else(|| panic!("attn_flash_{k}"));
+            assert!(
+                [16, 32, 64, 96, 128, 256].contains(&d),
+                "attn_flash_{k}: {d}"
+            );
+        }
+        assert_eq!(flash_kernel_head_size("paged_64_q8"), Some(64));
     }
 
     #[test]

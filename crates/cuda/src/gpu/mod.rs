@@ -319,10 +319,9 @@ impl Gpu {
         for (i, &k) in KERNELS.iter().enumerate() {
             let f = module.load_function(k).map_err(call(k))?;
             if let Some(d) = k.strip_prefix("attn_flash_") {
-                let d = d.trim_start_matches("paged_");
                 // A device that cannot give the tiles their shared memory runs the CUDA-core
                 // prompt attention instead.
-                let smem = d.parse().map_or(0, attention::flash_smem);
+                let smem = attention::flash_kernel_head_size(d).map_or(0, attention::flash_smem);
                 flash_ok &= f
                     .set_attribute(
                         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
