@@ -3,16 +3,19 @@
 # Rust; the GPU machine does not). Dev tool, not run in CI.
 #   .dev/b.txz      damascus (--features cuda) and the GPU test binaries, stripped, as b/test-<c|m>-NAME
 #                   (c: damascus-cuda's tests, m: damascus-model's)
-#   .dev/tok.txz    tokenizers/llama3.2/tokenizer.json (for `damascus synth` and the HF fixtures)
+#   .dev/tok.txz    tokenizers/llama3.2/tokenizer.json (for `damascus synth` and the HF fixtures),
+#                   and cuda/damascus-compute_90-*.ptx (the kernels, compiled here)
 #   .dev/q/p0..p4   the real Gemma 3 270M file in pieces that fit one call's 64 MiB carry with the
 #                   tree (p0 travels with b.txz and tok.txz)
 #   .dev/llama.tgz  a trimmed llama.cpp tree (top directory `llama.cpp`), if LLAMA_SRC is given
 # Environment: GEMMA (the .gguf; default ~/.cache/damascus/models/gemma-3-270m-q4_k_m.gguf),
-# TOK (the tokenizer.json), LLAMA_SRC (a llama.cpp checkout; optional).
+# TOK (the tokenizer.json), LLAMA_SRC (a llama.cpp checkout; optional), NVRTC_LIB (NVRTC 13.0's
+# lib directory, default /work/nvrtc; where missing, the device compiles the kernels itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GEMMA=${GEMMA:-$HOME/.cache/damascus/models/gemma-3-270m-q4_k_m.gguf}
 TOK=${TOK:-$HOME/.cache/damascus/tokenizers/llama3.2/tokenizer.json}
+NVRTC_LIB=${NVRTC_LIB:-/work/nvrtc}
 F=damascus-model/cuda,damascus-cuda/cuda
 cargo build --release -q -p damascus-cli --features cuda
 W=$(mktemp -d); mkdir -p "$W/b" .dev/q
@@ -35,7 +38,21 @@ for line in sys.stdin:
 strip "$W"/b/*
 tar cJf .dev/b.txz -C "$W" b
 mkdir -p "$W/t/tokenizers/llama3.2" && cp "$TOK" "$W/t/tokenizers/llama3.2/"
-tar cJf .dev/tok.txz -C "$W/t" tokenizers
+# The kernels' PTX for compute_90 where Gpu::open looks for it under DAMASCUS_HOME (the name
+# hashes the source, the arch and NVRTC 13.0), so a fresh machine skips that compile (~30 s).
+T=tokenizers
+if [ -d "$NVRTC_LIB" ]; then
+  mkdir -p "$W/t/cuda"
+  python3 tools/nvrtc_check.py --lib "$NVRTC_LIB" --ptx "$W/k.ptx" > /dev/null
+  H=$(python3 -c '
+import hashlib, re
+m = open("crates/cuda/src/gpu/mod.rs").read()
+src = "".join(open("crates/cuda/kernels/" + f).read()
+              for f in re.findall(r"include_str!\(\"\.\./\.\./kernels/([a-z_0-9]+\.cu)\"\)", m))
+print(hashlib.sha256((src + "compute_90" + "nvrtc 13.0").encode()).hexdigest()[:24])')
+  cp "$W/k.ptx" "$W/t/cuda/damascus-compute_90-$H.ptx"; T="tokenizers cuda"
+fi
+tar cJf .dev/tok.txz -C "$W/t" $T
 rm -f .dev/q/p*
 head -c 43000000 "$GEMMA" > .dev/q/p0
 tail -c +43000001 "$GEMMA" > "$W/rest" && split -n 4 -d -a 1 "$W/rest" .dev/q/x

@@ -22,7 +22,7 @@ a = ap.parse_args()
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 mod_rs = open(os.path.join(root, "crates/cuda/src/gpu/mod.rs")).read()
-files = re.findall(r'include_str!\("\.\./\.\./kernels/([a-z_]+\.cu)"\)', mod_rs)
+files = re.findall(r'include_str!\("\.\./\.\./kernels/([a-z_0-9]+\.cu)"\)', mod_rs)
 src = "".join(open(os.path.join(root, "crates/cuda/kernels", f)).read() for f in files)
 
 ctypes.CDLL(os.path.join(a.lib, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
