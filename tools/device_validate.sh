@@ -48,6 +48,7 @@ tests)
     echo "$(basename "$b"): $(grep -E 'test result|panicked' "$OUT/$(basename "$b").txt" | tail -2 | cut -c1-160 | tr '\n' ' ') t=${SECONDS}s"
   done ;;
 bench)
+  for i in $(seq 240); do [ -f /tmp/synth.done ] && break; sleep 1; done
   cat /tmp/synth.done /tmp/llama.done 2>/dev/null
   if [ -x $L/llama-bench ]; then
     timeout 420 python3 tools/bench_cuda_compare.py -m $M --damascus $D --llama-bench $L/llama-bench \
