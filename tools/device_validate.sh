@@ -9,6 +9,8 @@
 #           (crates/model/tests/gemma3_270m.rs `cuda`, under DAMASCUS_TWO_LEVEL=all) and
 #           tools/oracle_dp.py over the settings that move its accuracy
 #   tests   every GPU test binary with DAMASCUS_REQUIRE_CUDA=1
+#   ab      carry .dev/ab.txz (b/damascus-NAME, other builds of damascus): pp512/tg128 of each
+#           against this tree's, interleaved
 #   bench   the 3B against llama-bench (if built; tools/bench_cuda_compare.py, ROUNDS x PER
 #           samples), then Damascus alone under the switchable paths (PDL, fusions, streamed
 #           decode attention, two-level) at depths 0/4096/16384 and q8_0 KV; llama.cpp's Δp on Gemma
@@ -66,5 +68,15 @@ bench)
     timeout 60 python3 tools/llama_dp.py --url http://127.0.0.1:8190 --oracle $O 2>&1 | tee "$OUT/llama-cuda-dp.txt"
     pkill -f "llama-server -m $G"
   fi ;;
+ab)
+  # Carry .dev/ab.txz (b/damascus-NAME: other builds): tg128 and pp512 of each build against this
+  # one, interleaved, ROUNDS rounds of `-r 3`.
+  tar xJf .dev/ab.txz -C /tmp
+  for i in $(seq 240); do [ -f /tmp/synth.done ] && break; sleep 1; done
+  for r in $(seq "${ROUNDS:-3}"); do
+    for bin in $D /tmp/b/damascus-*; do
+      echo "$(basename $bin): $(LD_LIBRARY_PATH=$LD_LIBRARY_PATH $bin bench --backend cuda -m $M -p 512 -n 128 -r 3 --json 2>/dev/null | tr -d ' \n' | grep -o '"median_ts":[0-9.]*' | tr '\n' ' ')"
+    done
+  done | tee "$OUT/ab.txt" ;;
 *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac; done
