@@ -11,9 +11,15 @@
 //! bit the per-token kernel's: a token's attention still does not depend on how its prompt
 //! was chunked or batched. Without SIMD every token goes through the per-token scalar kernel
 //! (the twin).
+//!
+//! Two bodies: AVX-512 (`avx512`: register-blocked 4 rows × 4 keys and 4 rows × 64 columns on
+//! K/V rows widened once per tile; head sizes that are multiples of 16) and AVX2 (`avx2`:
+//! every other head size, and CPUs or levels without AVX-512).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +61,22 @@ pub fn attn_paged_f16_tiled(
     attn_paged_tiled(queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
 }
 
+/// [`attn_paged_f16_tiled`] with its body chosen for ISA level `isa` (at most the CPU's):
+/// every level gives the same bits. For tests and benchmarks of the bodies side by side.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_paged_f16_tiled_at(
+    isa: Isa,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    tiled_at(isa, queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
+}
+
 /// [`attn_paged_f16_tiled`] over any pool element type (f16, q8_0): the same arithmetic on the
 /// exactly widened values.
 pub(crate) fn attn_paged_tiled<R: KvRows>(
@@ -66,13 +88,44 @@ pub(crate) fn attn_paged_tiled<R: KvRows>(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
+    tiled_at(kernels().isa(), queries, q, k, v, shape, out, pool)
+}
+
+/// The body a tile runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// The per-token scalar kernel, token by token.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512.
+    Avx512,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tiled_at<R: KvRows>(
+    isa: Isa,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: R,
+    v: R,
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
     shape.check(queries, q, &k, &v, out)?;
     #[cfg(target_arch = "x86_64")]
-    let simd = kernels().isa() >= Isa::Avx2 && Isa::Avx2.is_available();
+    let body = if isa >= Isa::Avx512 && Isa::Avx512.is_available() && avx512::supports(&shape) {
+        Body::Avx512
+    } else if isa >= Isa::Avx2 && Isa::Avx2.is_available() {
+        Body::Avx2
+    } else {
+        Body::Scalar
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let simd = {
-        let _ = kernels();
-        false
+    let body = {
+        let _ = isa;
+        Body::Scalar
     };
     let group = shape.n_head / shape.n_head_kv;
     let tiles = tiles(queries, group);
@@ -93,7 +146,7 @@ pub(crate) fn attn_paged_tiled<R: KvRows>(
         })
         .collect();
     let unit = |_: usize, (tile, kvh, mut outs): (Tile, usize, Vec<&mut [f32]>)| {
-        tile_kv_head(simd, &tile, queries, q, k, v, shape, kvh, &mut outs);
+        tile_kv_head(body, &tile, queries, q, k, v, shape, kvh, &mut outs);
     };
     match pool.filter(|p| p.n_threads() > 1 && n_units > 1) {
         Some(pool) => pool.for_each_task(units, &unit),
@@ -135,7 +188,7 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
 /// the tile (its columns `kvh·group·head_dim..` of `[queries.len(), n_head, head_dim]`).
 #[allow(clippy::too_many_arguments)]
 fn tile_kv_head<R: KvRows>(
-    simd: bool,
+    body: Body,
     tile: &Tile,
     queries: &[PagedQuery<'_>],
     q: &[f32],
@@ -149,14 +202,19 @@ fn tile_kv_head<R: KvRows>(
     let span = group * shape.head_dim;
     let width = shape.n_head * shape.head_dim;
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    if body != Body::Scalar {
         let qs = &queries[tile.start..tile.end];
         let qrows = &q[tile.start * width..tile.end * width];
-        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
-        unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+        if body == Body::Avx512 {
+            // SAFETY: `Avx512` is only chosen when AVX-512 (with AVX2+FMA+F16C) was detected
+            // and `avx512::supports(shape)`; the shapes were checked.
+            unsafe { avx512::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+        } else {
+            // SAFETY: `Avx2` is only chosen when AVX2+FMA+F16C were detected.
+            unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+        }
         return;
     }
-    let _ = simd;
     let mut scores = Vec::new();
     for (t, out) in (tile.start..tile.end).zip(outs.iter_mut()) {
         let qg = &q[t * width + kvh * span..][..span];

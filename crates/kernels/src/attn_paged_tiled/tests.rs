@@ -64,6 +64,12 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
         (5, 1, 33),
         (2, 1, 24),
         (4, 2, 40),
+        (3, 1, 16),
+        (5, 5, 48),
+        (12, 2, 80),
+        (8, 1, 128),
+        (7, 1, 64),
+        (32, 8, 128),
     ] {
         for &(n_q, n_kv, window) in &[
             (1usize, 1usize, 0usize),
@@ -110,6 +116,20 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
                         bits(&want),
                         "heads {n_head}/{n_head_kv} hd {hd} bs {bs}: {n_q} of {n_kv}, window {window}"
                     );
+                    // Every body this CPU runs (AVX2, AVX-512) gives the same bits.
+                    for isa in [Isa::Avx2, Isa::Avx512] {
+                        if !isa.is_available() {
+                            continue;
+                        }
+                        let mut got = vec![f32::NAN; q.len()];
+                        attn_paged_f16_tiled_at(isa, queries, &q, &k, &v, shape, &mut got, p)
+                            .unwrap();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{isa:?}: heads {n_head}/{n_head_kv} hd {hd} bs {bs}: {n_q} of {n_kv}, window {window}"
+                        );
+                    }
                 }
                 let mut scalar = vec![0f32; q.len()];
                 attn_paged_f16_scalar(queries, &q, &k, &v, shape, &mut scalar).unwrap();
