@@ -17,7 +17,7 @@
 
 use core::arch::x86_64::*;
 
-use crate::attn_decode::softmax;
+use crate::attn_decode::softmax_avx512;
 use crate::attn_kv::KvRows;
 use crate::attn_paged::{PagedQuery, PagedShape};
 
@@ -298,7 +298,8 @@ pub(super) unsafe fn tile<R: KvRows>(
     }
     for r in 0..n_rows {
         let (a, b) = range(r);
-        softmax(true, &mut scores[r * n_pad..][a..b]);
+        // SAFETY: AVX-512F/AVX2/FMA/F16C (this function's features).
+        unsafe { softmax_avx512(&mut scores[r * n_pad..][a..b]) };
     }
 
     // P·V: value blocks outer; the outputs accumulate from zero across the blocks.
