@@ -28,10 +28,15 @@ use crate::attn_paged::{PagedQuery, PagedShape, kv_head};
 use crate::pool::{ThreadPool, pieces};
 use crate::quantdot::{Isa, KernelError, kernels};
 
-/// Most tokens in one tile.
-const MAX_TILE: usize = 16;
-/// Target size of a tile's score buffer (`[tokens · group, positions]` f32), bytes.
-const SCORE_BYTES: usize = 256 << 10;
+/// Most tokens in one tile, and the target size in bytes of a tile's score buffer
+/// (`[tokens · group, positions]` f32), per body: the AVX-512 body widens each tile's K/V rows
+/// once, so larger tiles share that work more.
+const fn tile_limits(body: Body) -> (usize, usize) {
+    match body {
+        Body::Avx512 => (32, 512 << 10),
+        _ => (16, 256 << 10),
+    }
+}
 
 /// A tile: queries `start..end` (one sequence, one table), visible positions `lo..hi` (the
 /// union of the tokens' ranges).
@@ -128,7 +133,7 @@ fn tiled_at<R: KvRows>(
         Body::Scalar
     };
     let group = shape.n_head / shape.n_head_kv;
-    let tiles = tiles(queries, group);
+    let tiles = tiles(queries, group, tile_limits(body));
     let n_units = tiles.len() * shape.n_head_kv;
     let span = group * shape.head_dim;
     // Unit (tile, KV head) owns, for each token of its tile, the output columns of the KV
@@ -156,7 +161,11 @@ fn tiled_at<R: KvRows>(
 }
 
 /// Cuts `queries` into tiles of consecutive tokens sharing a block table and a scale.
-fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
+fn tiles(
+    queries: &[PagedQuery<'_>],
+    group: usize,
+    (max_tile, score_bytes): (usize, usize),
+) -> Vec<Tile> {
     let mut tiles: Vec<Tile> = Vec::new();
     for (i, pq) in queries.iter().enumerate() {
         if let Some(t) = tiles.last_mut() {
@@ -164,7 +173,7 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
             let (lo, hi) = (t.lo.min(pq.lo), t.hi.max(pq.hi));
             let same = std::ptr::eq(first.table, pq.table) && first.scale == pq.scale;
             let n = i + 1 - t.start;
-            if same && n <= MAX_TILE && n * group * (hi - lo) * 4 <= SCORE_BYTES {
+            if same && n <= max_tile && n * group * (hi - lo) * 4 <= score_bytes {
                 *t = Tile {
                     end: i + 1,
                     lo,
