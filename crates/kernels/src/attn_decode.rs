@@ -244,11 +244,13 @@ pub(crate) fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn softmax_avx512(s: &mut [f32]) {
-    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    // SAFETY: forwarded from the caller.
+    let max = unsafe { x86::max16(s) };
     // SAFETY: forwarded from the caller.
     let sum = unsafe { x86::exp_sub_sum16(s, max) };
     let inv = 1.0 / sum;
-    s.iter_mut().for_each(|x| *x *= inv);
+    // SAFETY: forwarded from the caller.
+    unsafe { x86::scale16(s, inv) };
 }
 
 pub(crate) fn softmax(simd: bool, s: &mut [f32]) {
@@ -374,6 +376,61 @@ mod x86 {
             ));
             _mm256_mul_ps(p, _mm256_castsi256_ps(e))
         }
+    }
+
+    /// The largest non-NaN value of `s` (−∞ when none), as `fold(−∞, f32::max)`: `vmaxps`
+    /// returns its second operand when either is NaN, and the running maximum never is. (The
+    /// two may differ in the sign of a zero maximum, which no `x − max` then sees.)
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn max16(s: &[f32]) -> f32 {
+        let n16 = s.len() / 16 * 16;
+        // SAFETY: 16-wide loads at i..i+16 ≤ n16; the masked tail reads only s.len() - n16
+        // lanes.
+        unsafe {
+            let p = s.as_ptr();
+            let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
+            let mut i = 0;
+            while i + 64 <= n16 {
+                for (j, m) in m.iter_mut().enumerate() {
+                    *m = _mm512_max_ps(_mm512_loadu_ps(p.add(i + 16 * j)), *m);
+                }
+                i += 64;
+            }
+            while i < n16 {
+                m[0] = _mm512_max_ps(_mm512_loadu_ps(p.add(i)), m[0]);
+                i += 16;
+            }
+            let rest = s.len() - n16;
+            if rest > 0 {
+                let k = ((1u32 << rest) - 1) as __mmask16;
+                m[1] = _mm512_mask_max_ps(m[1], k, _mm512_maskz_loadu_ps(k, p.add(n16)), m[1]);
+            }
+            let a = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
+            _mm512_reduce_max_ps(a)
+        }
+    }
+
+    /// `x ← x · s` for every element (one rounding each, as the scalar loop).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn scale16(x: &mut [f32], s: f32) {
+        let n16 = x.len() / 16 * 16;
+        // SAFETY: 16-wide accesses at i..i+16 ≤ n16 ≤ x.len().
+        unsafe {
+            let sv = _mm512_set1_ps(s);
+            let p = x.as_mut_ptr();
+            let mut i = 0;
+            while i < n16 {
+                _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), sv));
+                i += 16;
+            }
+        }
+        x[n16..].iter_mut().for_each(|v| *v *= s);
     }
 
     /// [`exp8`] on 16 lanes: the same operations lane by lane.

@@ -187,6 +187,14 @@ unsafe fn values_row<const NR: usize>(
     }
 }
 
+/// `len` zeroed floats of `store` starting at a 64-byte boundary.
+fn aligned(store: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    store.clear();
+    store.resize(len + 16, 0.0);
+    let skip = store.as_ptr().align_offset(64).min(16);
+    &mut store[skip..skip + len]
+}
+
 /// Widens rows `p0..p1` (relative to the tile's `lo`) of `rows` at `slots` into `buf`
 /// (`[p1 - p0, hd]`), zero-filling rows up to `pad` (a multiple of [`NK`] past `p1 - p0`).
 ///
@@ -244,20 +252,29 @@ pub(super) unsafe fn tile<R: KvRows>(
     // Offsets (elements) of positions lo..hi in the pools, KV head kvh.
     let slots: Vec<usize> = (lo..hi).map(|p| shape.offset(table, p, kvh)).collect();
     // Row r = t·group + g: its query, its visible positions (relative to lo).
-    let q_row = |r: usize| q[(r / group) * width + kvh * span + (r % group) * hd..].as_ptr();
+    // The tile's query rows of this KV head, copied to 64-byte alignment (a split 64-byte load
+    // costs two): row r = t·group + g at r·hd.
+    let mut q_store = Vec::new();
+    let qa = aligned(&mut q_store, n_rows * hd); // [n_rows, hd]
+    for (t, rows) in qa.chunks_exact_mut(span).enumerate() {
+        rows.copy_from_slice(&q[t * width + kvh * span..][..span]);
+    }
+    let q_row = |r: usize| qa[r * hd..].as_ptr();
     let range = |r: usize| {
         let pq = &qs[r / group];
         (pq.lo - lo, pq.hi - lo)
     };
-    let mut scores = vec![0f32; n_rows * n_pad]; // [n_rows, n_pad]
-    let mut buf = vec![0f32; K_BLOCK.max(V_BLOCK) * hd]; // [block, hd] widened rows
+    let mut scores_store = Vec::new();
+    let scores = aligned(&mut scores_store, n_rows * n_pad); // [n_rows, n_pad]
+    let mut buf_store = Vec::new();
+    let buf = aligned(&mut buf_store, K_BLOCK.max(V_BLOCK) * hd); // [block, hd] widened rows
 
     // Q·Kᵀ: key blocks outer, so a block's widened rows serve every row of the tile from L1.
     for p0 in (0..n).step_by(K_BLOCK) {
         let p1 = (p0 + K_BLOCK).min(n);
         let pad = (p1 - p0).div_ceil(NK) * NK;
         // SAFETY: slots are pool rows (checked); buf holds K_BLOCK ≥ pad rows.
-        unsafe { widen(k, &slots, p0, p1, pad, &mut buf, hd) };
+        unsafe { widen(k, &slots, p0, p1, pad, buf, hd) };
         for r0 in (0..n_rows).step_by(MR) {
             let nr = (n_rows - r0).min(MR);
             // Missing rows repeat the last one (their scores are not stored).
@@ -313,9 +330,9 @@ pub(super) unsafe fn tile<R: KvRows>(
     for p0 in (0..n).step_by(V_BLOCK) {
         let p1 = (p0 + V_BLOCK).min(n);
         // SAFETY: as for the keys.
-        unsafe { widen(v, &slots, p0, p1, p1 - p0, &mut buf, hd) };
-        // Position p of the block at buf + (p - p0)·hd: shift the base so `values` indexes
-        // by block-relative positions and weights by tile-relative ones alike.
+        unsafe { widen(v, &slots, p0, p1, p1 - p0, buf, hd) };
+        // Block-relative positions index the widened rows (`buf + p·hd`) and, from each row's
+        // `p0`, its weights.
         for r0 in (0..n_rows).step_by(MR) {
             let nr = (n_rows - r0).min(MR);
             let rr: [usize; MR] = core::array::from_fn(|i| r0 + i.min(nr - 1));
