@@ -38,6 +38,20 @@ const fn tile_limits(body: Body) -> (usize, usize) {
     }
 }
 
+/// A thread's buffers for the tiles it runs (reused from tile to tile; every element a tile
+/// reads it wrote first).
+#[derive(Debug, Default)]
+struct TileScratch {
+    /// The tile's query rows of one KV head, `[tokens · group, head_dim]` (64-byte aligned).
+    q: Vec<f32>,
+    /// A block of widened key or value rows, `[block, head_dim]`.
+    rows: Vec<f32>,
+    /// Scores, then weights, `[tokens · group, positions]`.
+    scores: Vec<f32>,
+    /// Element offsets of the tile's positions in the pools.
+    slots: Vec<usize>,
+}
+
 /// A tile: queries `start..end` (one sequence, one table), visible positions `lo..hi` (the
 /// union of the tokens' ranges).
 #[derive(Clone, Copy, Debug)]
@@ -150,12 +164,20 @@ fn tiled_at<R: KvRows>(
             (tile, kvh, outs)
         })
         .collect();
-    let unit = |_: usize, (tile, kvh, mut outs): (Tile, usize, Vec<&mut [f32]>)| {
-        tile_kv_head(body, &tile, queries, q, k, v, shape, kvh, &mut outs);
+    type Unit<'o> = (Tile, usize, Vec<&'o mut [f32]>);
+    let unit = |_: usize, (tile, kvh, mut outs): Unit<'_>, scratch: &mut TileScratch| {
+        tile_kv_head(
+            body, &tile, queries, q, k, v, shape, kvh, &mut outs, scratch,
+        );
     };
     match pool.filter(|p| p.n_threads() > 1 && n_units > 1) {
-        Some(pool) => pool.for_each_task(units, &unit),
-        None => units.into_iter().enumerate().for_each(|(i, u)| unit(i, u)),
+        Some(pool) => pool.for_each_task_with(units, &TileScratch::default, &unit),
+        None => {
+            let mut scratch = TileScratch::default();
+            for (i, u) in units.into_iter().enumerate() {
+                unit(i, u, &mut scratch);
+            }
+        }
     }
     Ok(())
 }
@@ -206,6 +228,7 @@ fn tile_kv_head<R: KvRows>(
     shape: PagedShape,
     kvh: usize,
     outs: &mut [&mut [f32]],
+    scratch: &mut TileScratch,
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let span = group * shape.head_dim;
@@ -217,16 +240,25 @@ fn tile_kv_head<R: KvRows>(
         if body == Body::Avx512 {
             // SAFETY: `Avx512` is only chosen when AVX-512 (with AVX2+FMA+F16C) was detected
             // and `avx512::supports(shape)`; the shapes were checked.
-            unsafe { avx512::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+            unsafe { avx512::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs, scratch) };
         } else {
             // SAFETY: `Avx2` is only chosen when AVX2+FMA+F16C were detected.
             unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
         }
         return;
     }
-    let mut scores = Vec::new();
     for (t, out) in (tile.start..tile.end).zip(outs.iter_mut()) {
         let qg = &q[t * width + kvh * span..][..span];
-        kv_head(false, qg, k, v, shape, &queries[t], kvh, out, &mut scores);
+        kv_head(
+            false,
+            qg,
+            k,
+            v,
+            shape,
+            &queries[t],
+            kvh,
+            out,
+            &mut scratch.scores,
+        );
     }
 }

@@ -17,6 +17,7 @@
 
 use core::arch::x86_64::*;
 
+use super::TileScratch;
 use crate::attn_decode::softmax_avx512;
 use crate::attn_kv::KvRows;
 use crate::attn_paged::{PagedQuery, PagedShape};
@@ -187,10 +188,13 @@ unsafe fn values_row<const NR: usize>(
     }
 }
 
-/// `len` zeroed floats of `store` starting at a 64-byte boundary.
+/// `len` floats of `store` starting at a 64-byte boundary (grown as needed; what an earlier
+/// tile left there is overwritten before it is read).
 fn aligned(store: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    store.clear();
-    store.resize(len + 16, 0.0);
+    if store.len() < len + 16 {
+        store.clear();
+        store.resize(len + 16, 0.0);
+    }
     let skip = store.as_ptr().align_offset(64).min(16);
     &mut store[skip..skip + len]
 }
@@ -240,6 +244,7 @@ pub(super) unsafe fn tile<R: KvRows>(
     shape: PagedShape,
     kvh: usize,
     outs: &mut [&mut [f32]],
+    scratch: &mut TileScratch,
 ) {
     let hd = shape.head_dim;
     let group = shape.n_head / shape.n_head_kv;
@@ -250,12 +255,19 @@ pub(super) unsafe fn tile<R: KvRows>(
     let n_pad = n.div_ceil(NK) * NK;
     let n_rows = qs.len() * group;
     // Offsets (elements) of positions lo..hi in the pools, KV head kvh.
-    let slots: Vec<usize> = (lo..hi).map(|p| shape.offset(table, p, kvh)).collect();
+    let TileScratch {
+        q: q_store,
+        rows: buf_store,
+        scores: scores_store,
+        slots,
+    } = scratch;
+    slots.clear();
+    slots.extend((lo..hi).map(|p| shape.offset(table, p, kvh)));
+    let slots = &slots[..];
     // Row r = t·group + g: its query, its visible positions (relative to lo).
     // The tile's query rows of this KV head, copied to 64-byte alignment (a split 64-byte load
     // costs two): row r = t·group + g at r·hd.
-    let mut q_store = Vec::new();
-    let qa = aligned(&mut q_store, n_rows * hd); // [n_rows, hd]
+    let qa = aligned(q_store, n_rows * hd); // [n_rows, hd]
     for (t, rows) in qa.chunks_exact_mut(span).enumerate() {
         rows.copy_from_slice(&q[t * width + kvh * span..][..span]);
     }
@@ -264,17 +276,15 @@ pub(super) unsafe fn tile<R: KvRows>(
         let pq = &qs[r / group];
         (pq.lo - lo, pq.hi - lo)
     };
-    let mut scores_store = Vec::new();
-    let scores = aligned(&mut scores_store, n_rows * n_pad); // [n_rows, n_pad]
-    let mut buf_store = Vec::new();
-    let buf = aligned(&mut buf_store, K_BLOCK.max(V_BLOCK) * hd); // [block, hd] widened rows
+    let scores = aligned(scores_store, n_rows * n_pad); // [n_rows, n_pad]
+    let buf = aligned(buf_store, K_BLOCK.max(V_BLOCK) * hd); // [block, hd] widened rows
 
     // Q·Kᵀ: key blocks outer, so a block's widened rows serve every row of the tile from L1.
     for p0 in (0..n).step_by(K_BLOCK) {
         let p1 = (p0 + K_BLOCK).min(n);
         let pad = (p1 - p0).div_ceil(NK) * NK;
         // SAFETY: slots are pool rows (checked); buf holds K_BLOCK ≥ pad rows.
-        unsafe { widen(k, &slots, p0, p1, pad, buf, hd) };
+        unsafe { widen(k, slots, p0, p1, pad, buf, hd) };
         for r0 in (0..n_rows).step_by(MR) {
             let nr = (n_rows - r0).min(MR);
             // Missing rows repeat the last one (their scores are not stored).
@@ -330,7 +340,7 @@ pub(super) unsafe fn tile<R: KvRows>(
     for p0 in (0..n).step_by(V_BLOCK) {
         let p1 = (p0 + V_BLOCK).min(n);
         // SAFETY: as for the keys.
-        unsafe { widen(v, &slots, p0, p1, p1 - p0, buf, hd) };
+        unsafe { widen(v, slots, p0, p1, p1 - p0, buf, hd) };
         // Block-relative positions index the widened rows (`buf + p·hd`) and, from each row's
         // `p0`, its weights.
         for r0 in (0..n_rows).step_by(MR) {
