@@ -254,19 +254,19 @@ pub(super) unsafe fn tile<R: KvRows>(
     let n = hi - lo;
     let n_pad = n.div_ceil(NK) * NK;
     let n_rows = qs.len() * group;
-    // Offsets (elements) of positions lo..hi in the pools, KV head kvh.
     let TileScratch {
         q: q_store,
         rows: buf_store,
         scores: scores_store,
         slots,
     } = scratch;
+    // Offsets (elements) of positions lo..hi in the pools, KV head kvh.
     slots.clear();
     slots.extend((lo..hi).map(|p| shape.offset(table, p, kvh)));
     let slots = &slots[..];
-    // Row r = t·group + g: its query, its visible positions (relative to lo).
-    // The tile's query rows of this KV head, copied to 64-byte alignment (a split 64-byte load
-    // costs two): row r = t·group + g at r·hd.
+    // Row r = t·group + g of the tile (token t, query head g of kvh): its query, copied to
+    // 64-byte alignment (a split 64-byte load costs two), and its visible positions (relative
+    // to lo).
     let qa = aligned(q_store, n_rows * hd); // [n_rows, hd]
     for (t, rows) in qa.chunks_exact_mut(span).enumerate() {
         rows.copy_from_slice(&q[t * width + kvh * span..][..span]);
@@ -332,10 +332,11 @@ pub(super) unsafe fn tile<R: KvRows>(
     // P·V: value blocks outer; the outputs accumulate from zero across the blocks.
     let mut o_rows: Vec<*mut f32> = Vec::with_capacity(n_rows); // row r's output
     for o in outs.iter_mut() {
-        o[..span].fill(0.0);
-        for g in 0..group {
-            o_rows.push(o[g * hd..].as_mut_ptr());
-        }
+        let o = &mut o[..span];
+        o.fill(0.0);
+        let base = o.as_mut_ptr();
+        // SAFETY: g·hd < span: within the row.
+        o_rows.extend((0..group).map(|g| unsafe { base.add(g * hd) }));
     }
     for p0 in (0..n).step_by(V_BLOCK) {
         let p1 = (p0 + V_BLOCK).min(n);
