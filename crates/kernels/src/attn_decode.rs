@@ -236,6 +236,23 @@ pub(crate) fn axpy_f16(simd: bool, out: &mut [f32], s: f32, v: &[u16]) {
     }
 }
 
+/// [`softmax`]`(true, s)` bit for bit, with the exponentials 16 lanes at a time (the sum
+/// still adds 8-lane chunks in order, as the AVX2 loop).
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_avx512(s: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    let max = unsafe { x86::max16(s) };
+    // SAFETY: forwarded from the caller.
+    let sum = unsafe { x86::exp_sub_sum16(s, max) };
+    let inv = 1.0 / sum;
+    // SAFETY: forwarded from the caller.
+    unsafe { x86::scale16(s, inv) };
+}
+
 pub(crate) fn softmax(simd: bool, s: &mut [f32]) {
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     #[cfg(target_arch = "x86_64")]
@@ -359,6 +376,134 @@ mod x86 {
             ));
             _mm256_mul_ps(p, _mm256_castsi256_ps(e))
         }
+    }
+
+    /// The largest non-NaN value of `s` (−∞ when none), as `fold(−∞, f32::max)`: `vmaxps`
+    /// returns its second operand when either is NaN, and the running maximum never is. (The
+    /// two may differ in the sign of a zero maximum, which no `x − max` then sees.)
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn max16(s: &[f32]) -> f32 {
+        let n16 = s.len() / 16 * 16;
+        // SAFETY: 16-wide loads at i..i+16 ≤ n16; the masked tail reads only s.len() - n16
+        // lanes.
+        unsafe {
+            let p = s.as_ptr();
+            let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
+            let mut i = 0;
+            while i + 64 <= n16 {
+                for (j, m) in m.iter_mut().enumerate() {
+                    *m = _mm512_max_ps(_mm512_loadu_ps(p.add(i + 16 * j)), *m);
+                }
+                i += 64;
+            }
+            while i < n16 {
+                m[0] = _mm512_max_ps(_mm512_loadu_ps(p.add(i)), m[0]);
+                i += 16;
+            }
+            let rest = s.len() - n16;
+            if rest > 0 {
+                let k = ((1u32 << rest) - 1) as __mmask16;
+                m[1] = _mm512_mask_max_ps(m[1], k, _mm512_maskz_loadu_ps(k, p.add(n16)), m[1]);
+            }
+            let a = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
+            _mm512_reduce_max_ps(a)
+        }
+    }
+
+    /// `x ← x · s` for every element (one rounding each, as the scalar loop).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn scale16(x: &mut [f32], s: f32) {
+        let n16 = x.len() / 16 * 16;
+        // SAFETY: 16-wide accesses at i..i+16 ≤ n16 ≤ x.len().
+        unsafe {
+            let sv = _mm512_set1_ps(s);
+            let p = x.as_mut_ptr();
+            let mut i = 0;
+            while i < n16 {
+                _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), sv));
+                i += 16;
+            }
+        }
+        x[n16..].iter_mut().for_each(|v| *v *= s);
+    }
+
+    /// [`exp8`] on 16 lanes: the same operations lane by lane.
+    #[inline(always)]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        // SAFETY: register-only AVX-512F ops in an AVX-512F caller.
+        unsafe {
+            let x = _mm512_max_ps(
+                _mm512_min_ps(x, _mm512_set1_ps(88.0)),
+                _mm512_set1_ps(-87.3),
+            );
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+            let mut p = _mm512_set1_ps(1.987_569_1e-4);
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_2e-3));
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+            p = _mm512_fmadd_ps(
+                p,
+                _mm512_mul_ps(r, r),
+                _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+            );
+            let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_cvtps_epi32(n),
+                _mm512_set1_epi32(127),
+            ));
+            _mm512_mul_ps(p, _mm512_castsi512_ps(e))
+        }
+    }
+
+    /// [`exp_sub_sum`] bit for bit, 16 exponentials at a time: the 8-lane sum takes the low
+    /// then the high half of each, the chunks in the same order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn exp_sub_sum16(s: &mut [f32], max: f32) -> f32 {
+        let n8 = s.len() / 8 * 8;
+        let n16 = s.len() / 16 * 16;
+        // SAFETY: 16-wide accesses at i..i+16 ≤ n16, 8-wide at i..i+8 ≤ n8 ≤ s.len().
+        let mut sum = unsafe {
+            let m = _mm512_set1_ps(max);
+            let mut acc = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < n16 {
+                let p = s.as_mut_ptr().add(i);
+                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p), m));
+                _mm512_storeu_ps(p, e);
+                acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+                acc = _mm256_add_ps(
+                    acc,
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e))),
+                );
+                i += 16;
+            }
+            if i < n8 {
+                let p = s.as_mut_ptr().add(i);
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), _mm512_castps512_ps256(m)));
+                _mm256_storeu_ps(p, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            hsum(acc)
+        };
+        for x in &mut s[n8..] {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        sum
     }
 
     /// x ← exp(x − max) in place; returns Σ.
@@ -522,5 +667,27 @@ pub(crate) mod tests {
             ..sh
         };
         assert!(attn_decode_f16(&[0.0; 8], &[0; 4], &[0; 4], sh, 2, &mut o, None).is_err());
+    }
+
+    /// The AVX-512 softmax gives the AVX2 one's bits on every length (16-lane chunks, an
+    /// 8-lane chunk, the scalar tail) and on values under the exponential's clamp.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn softmax_avx512_equals_avx2_bitwise() {
+        if !(crate::quantdot::Isa::Avx512.is_available()) {
+            return;
+        }
+        for n in (1..70).chain([255, 256, 1023]) {
+            for amp in [1.0f32, 30.0, 200.0] {
+                let x = data(n as u64 + 5, n, amp);
+                let (mut a, mut b) = (x.clone(), x);
+                softmax(true, &mut a);
+                // SAFETY: AVX-512F (and with it AVX2/FMA/F16C on every CPU that has it) was
+                // detected above.
+                unsafe { softmax_avx512(&mut b) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "n {n} amp {amp}");
+            }
+        }
     }
 }

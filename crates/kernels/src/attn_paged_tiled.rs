@@ -11,9 +11,15 @@
 //! bit the per-token kernel's: a token's attention still does not depend on how its prompt
 //! was chunked or batched. Without SIMD every token goes through the per-token scalar kernel
 //! (the twin).
+//!
+//! Two bodies: AVX-512 (`avx512`: register-blocked 4 rows × 4 keys and 4 rows × 64 columns on
+//! K/V rows widened once per tile; head sizes that are multiples of 16) and AVX2 (`avx2`:
+//! every other head size, and CPUs or levels without AVX-512).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(test)]
 mod tests;
 
@@ -22,10 +28,29 @@ use crate::attn_paged::{PagedQuery, PagedShape, kv_head};
 use crate::pool::{ThreadPool, pieces};
 use crate::quantdot::{Isa, KernelError, kernels};
 
-/// Most tokens in one tile.
-const MAX_TILE: usize = 16;
-/// Target size of a tile's score buffer (`[tokens · group, positions]` f32), bytes.
-const SCORE_BYTES: usize = 256 << 10;
+/// Most tokens in one tile, and the target size in bytes of a tile's score buffer
+/// (`[tokens · group, positions]` f32), per body: the AVX-512 body widens each tile's K/V rows
+/// once, so larger tiles share that work more.
+const fn tile_limits(body: Body) -> (usize, usize) {
+    match body {
+        Body::Avx512 => (32, 512 << 10),
+        _ => (16, 256 << 10),
+    }
+}
+
+/// A thread's buffers for the tiles it runs (reused from tile to tile; every element a tile
+/// reads it wrote first).
+#[derive(Debug, Default)]
+struct TileScratch {
+    /// The tile's query rows of one KV head, `[tokens · group, head_dim]` (64-byte aligned).
+    q: Vec<f32>,
+    /// A block of widened key or value rows, `[block, head_dim]`.
+    rows: Vec<f32>,
+    /// Scores, then weights, `[tokens · group, positions]`.
+    scores: Vec<f32>,
+    /// Element offsets of the tile's positions in the pools.
+    slots: Vec<usize>,
+}
 
 /// A tile: queries `start..end` (one sequence, one table), visible positions `lo..hi` (the
 /// union of the tokens' ranges).
@@ -55,6 +80,22 @@ pub fn attn_paged_f16_tiled(
     attn_paged_tiled(queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
 }
 
+/// [`attn_paged_f16_tiled`] with its body chosen for ISA level `isa` (at most the CPU's):
+/// every level gives the same bits. For tests and benchmarks of the bodies side by side.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_paged_f16_tiled_at(
+    isa: Isa,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
+    tiled_at(isa, queries, q, F16Rows(k), F16Rows(v), shape, out, pool)
+}
+
 /// [`attn_paged_f16_tiled`] over any pool element type (f16, q8_0): the same arithmetic on the
 /// exactly widened values.
 pub(crate) fn attn_paged_tiled<R: KvRows>(
@@ -66,16 +107,47 @@ pub(crate) fn attn_paged_tiled<R: KvRows>(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
 ) -> Result<(), KernelError> {
+    tiled_at(kernels().isa(), queries, q, k, v, shape, out, pool)
+}
+
+/// The body a tile runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// The per-token scalar kernel, token by token.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512.
+    Avx512,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tiled_at<R: KvRows>(
+    isa: Isa,
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: R,
+    v: R,
+    shape: PagedShape,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+) -> Result<(), KernelError> {
     shape.check(queries, q, &k, &v, out)?;
     #[cfg(target_arch = "x86_64")]
-    let simd = kernels().isa() >= Isa::Avx2 && Isa::Avx2.is_available();
+    let body = if isa >= Isa::Avx512 && Isa::Avx512.is_available() && avx512::supports(&shape) {
+        Body::Avx512
+    } else if isa >= Isa::Avx2 && Isa::Avx2.is_available() {
+        Body::Avx2
+    } else {
+        Body::Scalar
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let simd = {
-        let _ = kernels();
-        false
+    let body = {
+        let _ = isa;
+        Body::Scalar
     };
     let group = shape.n_head / shape.n_head_kv;
-    let tiles = tiles(queries, group);
+    let tiles = tiles(queries, group, tile_limits(body));
     let n_units = tiles.len() * shape.n_head_kv;
     let span = group * shape.head_dim;
     // Unit (tile, KV head) owns, for each token of its tile, the output columns of the KV
@@ -92,18 +164,30 @@ pub(crate) fn attn_paged_tiled<R: KvRows>(
             (tile, kvh, outs)
         })
         .collect();
-    let unit = |_: usize, (tile, kvh, mut outs): (Tile, usize, Vec<&mut [f32]>)| {
-        tile_kv_head(simd, &tile, queries, q, k, v, shape, kvh, &mut outs);
+    type Unit<'o> = (Tile, usize, Vec<&'o mut [f32]>);
+    let unit = |_: usize, (tile, kvh, mut outs): Unit<'_>, scratch: &mut TileScratch| {
+        tile_kv_head(
+            body, &tile, queries, q, k, v, shape, kvh, &mut outs, scratch,
+        );
     };
     match pool.filter(|p| p.n_threads() > 1 && n_units > 1) {
-        Some(pool) => pool.for_each_task(units, &unit),
-        None => units.into_iter().enumerate().for_each(|(i, u)| unit(i, u)),
+        Some(pool) => pool.for_each_task_with(units, &TileScratch::default, &unit),
+        None => {
+            let mut scratch = TileScratch::default();
+            for (i, u) in units.into_iter().enumerate() {
+                unit(i, u, &mut scratch);
+            }
+        }
     }
     Ok(())
 }
 
 /// Cuts `queries` into tiles of consecutive tokens sharing a block table and a scale.
-fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
+fn tiles(
+    queries: &[PagedQuery<'_>],
+    group: usize,
+    (max_tile, score_bytes): (usize, usize),
+) -> Vec<Tile> {
     let mut tiles: Vec<Tile> = Vec::new();
     for (i, pq) in queries.iter().enumerate() {
         if let Some(t) = tiles.last_mut() {
@@ -111,7 +195,7 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
             let (lo, hi) = (t.lo.min(pq.lo), t.hi.max(pq.hi));
             let same = std::ptr::eq(first.table, pq.table) && first.scale == pq.scale;
             let n = i + 1 - t.start;
-            if same && n <= MAX_TILE && n * group * (hi - lo) * 4 <= SCORE_BYTES {
+            if same && n <= max_tile && n * group * (hi - lo) * 4 <= score_bytes {
                 *t = Tile {
                     end: i + 1,
                     lo,
@@ -135,7 +219,7 @@ fn tiles(queries: &[PagedQuery<'_>], group: usize) -> Vec<Tile> {
 /// the tile (its columns `kvh·group·head_dim..` of `[queries.len(), n_head, head_dim]`).
 #[allow(clippy::too_many_arguments)]
 fn tile_kv_head<R: KvRows>(
-    simd: bool,
+    body: Body,
     tile: &Tile,
     queries: &[PagedQuery<'_>],
     q: &[f32],
@@ -144,22 +228,37 @@ fn tile_kv_head<R: KvRows>(
     shape: PagedShape,
     kvh: usize,
     outs: &mut [&mut [f32]],
+    scratch: &mut TileScratch,
 ) {
     let group = shape.n_head / shape.n_head_kv;
     let span = group * shape.head_dim;
     let width = shape.n_head * shape.head_dim;
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    if body != Body::Scalar {
         let qs = &queries[tile.start..tile.end];
         let qrows = &q[tile.start * width..tile.end * width];
-        // SAFETY: `simd` is only true when AVX2+FMA+F16C were detected.
-        unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+        if body == Body::Avx512 {
+            // SAFETY: `Avx512` is only chosen when AVX-512 (with AVX2+FMA+F16C) was detected
+            // and `avx512::supports(shape)`; the shapes were checked.
+            unsafe { avx512::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs, scratch) };
+        } else {
+            // SAFETY: `Avx2` is only chosen when AVX2+FMA+F16C were detected.
+            unsafe { avx2::tile(qs, tile.lo, tile.hi, qrows, k, v, shape, kvh, outs) };
+        }
         return;
     }
-    let _ = simd;
-    let mut scores = Vec::new();
     for (t, out) in (tile.start..tile.end).zip(outs.iter_mut()) {
         let qg = &q[t * width + kvh * span..][..span];
-        kv_head(false, qg, k, v, shape, &queries[t], kvh, out, &mut scores);
+        kv_head(
+            false,
+            qg,
+            k,
+            v,
+            shape,
+            &queries[t],
+            kvh,
+            out,
+            &mut scratch.scores,
+        );
     }
 }

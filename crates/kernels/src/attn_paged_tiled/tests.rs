@@ -64,6 +64,12 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
         (5, 1, 33),
         (2, 1, 24),
         (4, 2, 40),
+        (3, 1, 16),
+        (5, 5, 48),
+        (12, 2, 80),
+        (8, 1, 128),
+        (7, 1, 64),
+        (32, 8, 128),
     ] {
         for &(n_q, n_kv, window) in &[
             (1usize, 1usize, 0usize),
@@ -110,6 +116,20 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
                         bits(&want),
                         "heads {n_head}/{n_head_kv} hd {hd} bs {bs}: {n_q} of {n_kv}, window {window}"
                     );
+                    // Every body this CPU runs (AVX2, AVX-512) gives the same bits.
+                    for isa in [Isa::Avx2, Isa::Avx512] {
+                        if !isa.is_available() {
+                            continue;
+                        }
+                        let mut got = vec![f32::NAN; q.len()];
+                        attn_paged_f16_tiled_at(isa, queries, &q, &k, &v, shape, &mut got, p)
+                            .unwrap();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{isa:?}: heads {n_head}/{n_head_kv} hd {hd} bs {bs}: {n_q} of {n_kv}, window {window}"
+                        );
+                    }
                 }
                 let mut scalar = vec![0f32; q.len()];
                 attn_paged_f16_scalar(queries, &q, &k, &v, shape, &mut scalar).unwrap();
@@ -118,6 +138,51 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
                 }
             }
             cases += 1;
+        }
+    }
+}
+
+/// Whole long prompts (1023 tokens from position 0, several tiles, the diagonal of each) at
+/// GQA groups 1, 4 and 8 and head sizes 64/128/256, with and without a window: every body
+/// equals the per-token kernel bit for bit, alone and on 2 threads.
+#[test]
+fn long_prompts_equal_per_token_bitwise() {
+    let pool = ThreadPool::new(2);
+    for &(n_head, n_head_kv, hd, window) in &[
+        (4usize, 4usize, 64usize, 0usize),
+        (8, 2, 128, 0),
+        (8, 1, 256, 0),
+        (8, 2, 128, 300),
+        (6, 3, 64, 33),
+    ] {
+        let (n, bs) = (1023usize, 16usize);
+        let n_blocks = n.div_ceil(bs) + 1;
+        let shape = PagedShape {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            n_slots: n_blocks * bs,
+            block_size: bs,
+        };
+        let (k, v) = pool_data(shape, 3);
+        let t = table(n.div_ceil(bs), n_blocks, 1);
+        let queries = chunk(&t, 0..n, window, 1.0 / (hd as f32).sqrt());
+        let q = data(5, n * n_head * hd, 2.0);
+        let mut want = vec![0f32; q.len()];
+        attn_paged_f16_per_token(&queries, &q, &k, &v, shape, &mut want, Some(&pool)).unwrap();
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            if !isa.is_available() {
+                continue;
+            }
+            for p in [None, Some(&pool)] {
+                let mut got = vec![f32::NAN; q.len()];
+                attn_paged_f16_tiled_at(isa, &queries, &q, &k, &v, shape, &mut got, p).unwrap();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{isa:?} heads {n_head}/{n_head_kv} hd {hd} window {window}"
+                );
+            }
         }
     }
 }
