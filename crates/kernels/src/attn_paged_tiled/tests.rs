@@ -43,6 +43,33 @@ fn chunk(
         .collect()
 }
 
+/// The per-token kernel with its SIMD dot/axpy whenever the CPU has AVX2, whatever level
+/// `DAMASCUS_ISA` forces: what every tiled body (which the tests call by level) must equal.
+/// At the scalar level [`attn_paged_f16_per_token`] is the scalar twin, which rounds
+/// differently.
+fn per_token_simd(
+    queries: &[PagedQuery<'_>],
+    q: &[f32],
+    k: &[u16],
+    v: &[u16],
+    shape: PagedShape,
+    pool: Option<&ThreadPool>,
+) -> Vec<f32> {
+    let mut out = vec![0f32; q.len()];
+    crate::attn_paged::attn_paged_with(
+        true,
+        queries,
+        q,
+        F16Rows(k),
+        F16Rows(v),
+        shape,
+        &mut out,
+        pool,
+    )
+    .unwrap();
+    out
+}
+
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
@@ -116,7 +143,9 @@ fn tiled_equals_per_token_bitwise_on_awkward_sizes() {
                         bits(&want),
                         "heads {n_head}/{n_head_kv} hd {hd} bs {bs}: {n_q} of {n_kv}, window {window}"
                     );
-                    // Every body this CPU runs (AVX2, AVX-512) gives the same bits.
+                    // Every body this CPU runs (AVX2, AVX-512) gives the per-token SIMD
+                    // kernel's bits, whatever level the process runs at.
+                    let want = per_token_simd(queries, &q, &k, &v, shape, None);
                     for isa in [Isa::Avx2, Isa::Avx512] {
                         if !isa.is_available() {
                             continue;
@@ -170,6 +199,11 @@ fn long_prompts_equal_per_token_bitwise() {
         let q = data(5, n * n_head * hd, 2.0);
         let mut want = vec![0f32; q.len()];
         attn_paged_f16_per_token(&queries, &q, &k, &v, shape, &mut want, Some(&pool)).unwrap();
+        if kernels().isa() < Isa::Avx2 {
+            // The scalar level's per-token kernel is the scalar twin; the bodies below are
+            // SIMD and equal the SIMD per-token kernel.
+            want = per_token_simd(&queries, &q, &k, &v, shape, Some(&pool));
+        }
         for isa in [Isa::Avx2, Isa::Avx512] {
             if !isa.is_available() {
                 continue;
