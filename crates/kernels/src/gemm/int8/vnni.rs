@@ -24,6 +24,18 @@ pub(super) unsafe fn micro<const N: usize, const SQ: usize>(
     let sz = 4 * SQ;
     let nsub = k / sz;
     let sums = x.sums(sz);
+    // The tokens' rows, checked once here so the loop below reads them without per-sub-block
+    // bounds checks: quants `[k]` i8, block scales `[k / 32]`, sub-block sums `[nsub]`.
+    assert!(
+        (t0 + N) * k <= x.q.len()
+            && (t0 + N) * (k / 32) <= x.d.len()
+            && (t0 + N) * nsub <= sums.len(),
+        "int8 micro-kernel: tokens {t0}..{} outside the activations",
+        t0 + N
+    );
+    let xq: [*const i8; N] = std::array::from_fn(|j| x.q[(t0 + j) * k..].as_ptr());
+    let xd: [*const f32; N] = std::array::from_fn(|j| x.d[(t0 + j) * (k / 32)..].as_ptr());
+    let xs: [*const f32; N] = std::array::from_fn(|j| sums[(t0 + j) * nsub..].as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     let pq = p.q.as_ptr().cast::<u8>();
     for b in 0..nsub {
@@ -38,10 +50,8 @@ pub(super) unsafe fn micro<const N: usize, const SQ: usize>(
                 )
             };
             for (j, d) in dot.iter_mut().enumerate() {
-                // SAFETY: token t0 + j < n_tokens, column 4 kq + 3 < k.
-                let xv = unsafe {
-                    (x.q.as_ptr().add((t0 + j) * k + 4 * kq) as *const i32).read_unaligned()
-                };
+                // SAFETY: column 4 kq + 3 < k of token t0 + j's row (asserted above).
+                let xv = unsafe { (xq[j].add(4 * kq) as *const i32).read_unaligned() };
                 let xb = _mm512_set1_epi32(xv);
                 d[0] = _mm512_dpbusd_epi32(d[0], w0, xb);
                 d[1] = _mm512_dpbusd_epi32(d[1], w1, xb);
@@ -56,15 +66,14 @@ pub(super) unsafe fn micro<const N: usize, const SQ: usize>(
                 _mm512_loadu_ps(p.m.as_ptr().add(b * ROWS + 16)),
             )
         };
-        for j in 0..N {
-            let t = t0 + j;
-            let dx = _mm512_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
-            let xs = _mm512_set1_ps(sums[t * nsub + b]);
-            let a = &mut acc[j];
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: b · sz / 32 < k / 32 and b < nsub within the token's rows (asserted).
+            let (dx, xsum) = unsafe { (*xd[j].add(b * sz / 32), *xs[j].add(b)) };
+            let (dx, xsum) = (_mm512_set1_ps(dx), _mm512_set1_ps(xsum));
             a[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][0]), _mm512_mul_ps(s0, dx), a[0]);
             a[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][1]), _mm512_mul_ps(s1, dx), a[1]);
-            a[0] = _mm512_fnmadd_ps(m0, xs, a[0]);
-            a[1] = _mm512_fnmadd_ps(m1, xs, a[1]);
+            a[0] = _mm512_fnmadd_ps(m0, xsum, a[0]);
+            a[1] = _mm512_fnmadd_ps(m1, xsum, a[1]);
         }
     }
     for (j, a) in acc.iter().enumerate() {

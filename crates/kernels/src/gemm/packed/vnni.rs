@@ -203,7 +203,18 @@ pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
     let (rb, sq, nsc) = (rec_bytes(Q), sz / 4, cc / sz);
     let nsub = k / sz;
     let sums = x.sums(sz);
-    let xq = x.q.as_ptr();
+    // The tokens' rows, checked once so the loop reads them without per-sub-block bounds
+    // checks: quants `[k]` i8, block scales `[k / 32]`, sub-block sums `[nsub]`.
+    assert!(
+        (t0 + N) * k <= x.q.len()
+            && (t0 + N) * (k / 32) <= x.d.len()
+            && (t0 + N) * nsub <= sums.len(),
+        "packed micro-kernel: tokens {t0}..{} outside the activations",
+        t0 + N
+    );
+    let xq: [*const i8; N] = std::array::from_fn(|i| x.q[(t0 + i) * k..].as_ptr());
+    let xd: [*const f32; N] = std::array::from_fn(|i| x.d[(t0 + i) * (k / 32)..].as_ptr());
+    let xs: [*const f32; N] = std::array::from_fn(|i| sums[(t0 + i) * nsub..].as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     for c in 0..k / cc {
         // SAFETY: chunk c of the panel (k / cc chunks of cb bytes).
@@ -220,9 +231,8 @@ pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
                 let (w0, w1) = unsafe { load::<Q>(rec) };
                 prefetch(rec, pf, rb);
                 for (i, dd) in dot.iter_mut().enumerate() {
-                    // SAFETY: token t0 + i < n_tokens, column 4 kq + 3 < k.
-                    let xv =
-                        unsafe { (xq.add((t0 + i) * k + 4 * kq) as *const i32).read_unaligned() };
+                    // SAFETY: column 4 kq + 3 < k of token t0 + i's row (asserted above).
+                    let xv = unsafe { (xq[i].add(4 * kq) as *const i32).read_unaligned() };
                     let xb = _mm512_set1_epi32(xv);
                     dd[0] = _mm512_dpbusd_epi32(dd[0], w0, xb);
                     dd[1] = _mm512_dpbusd_epi32(dd[1], w1, xb);
@@ -231,15 +241,15 @@ pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
             // SAFETY: sub-block j's scale bytes lie in the chunk.
             let (s, m) = unsafe { scales::<Q, S>(base, j, d, d2, mmul) };
             for (i, a) in acc.iter_mut().enumerate() {
-                let t = t0 + i;
-                let dx = _mm512_set1_ps(x.d[t * (k / 32) + b * sz / 32]);
-                let xs = _mm512_set1_ps(sums[t * nsub + b]);
+                // SAFETY: b · sz / 32 < k / 32 and b < nsub within the token's rows (asserted).
+                let (dx, xsum) = unsafe { (*xd[i].add(b * sz / 32), *xs[i].add(b)) };
+                let (dx, xsum) = (_mm512_set1_ps(dx), _mm512_set1_ps(xsum));
                 a[0] =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][0]), _mm512_mul_ps(s[0], dx), a[0]);
                 a[1] =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][1]), _mm512_mul_ps(s[1], dx), a[1]);
-                a[0] = _mm512_fnmadd_ps(m[0], xs, a[0]);
-                a[1] = _mm512_fnmadd_ps(m[1], xs, a[1]);
+                a[0] = _mm512_fnmadd_ps(m[0], xsum, a[0]);
+                a[1] = _mm512_fnmadd_ps(m[1], xsum, a[1]);
             }
         }
     }
