@@ -518,14 +518,25 @@ pub fn gemm_i8(
         return Ok(());
     }
     let sz = sub_block(w.dtype).unwrap_or(32);
-    gemm_panels(path, w.rows, w.cols, sz, x, out, pool, &|p, r0| {
-        p.fill(&w, r0)
-    });
+    gemm_panels(
+        path,
+        w.rows,
+        w.cols,
+        sz,
+        x,
+        out,
+        pool,
+        &|p, r0| p.fill(&w, r0),
+        true,
+    );
     Ok(())
 }
 
 /// The unit loop of [`gemm_i8`] with the panel of rows `r0..r0 + 32` made by `fill` (from the
 /// file's blocks, or from a repacked matrix). `out` is `[x.n_tokens, rows]`, already checked.
+/// With `pair`, the VNNI path multiplies two panels (64 rows) per unit where the rows allow
+/// ([`vnni::micro`] over two panels: the same bits as two 32-row units; `false` is its twin
+/// in the tests).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_panels(
     path: Int8Path,
@@ -536,10 +547,15 @@ pub(super) fn gemm_panels(
     out: &mut [f32],
     pool: Option<&ThreadPool>,
     fill: &(dyn Fn(&mut Panel, usize) + Sync),
+    pair: bool,
 ) {
     debug_assert!(rows.is_multiple_of(ROWS) && out.len() == x.n_tokens * rows);
     let nt = pool.map_or(1, ThreadPool::n_threads);
-    let n_rb = rows / ROWS;
+    // VNNI multiplies two panels (64 rows) per unit where the rows pair up.
+    let pair = pair && cfg!(target_arch = "x86_64") && path == Int8Path::Vnni;
+    let pair = pair && rows.is_multiple_of(2 * ROWS);
+    let span = if pair { 2 } else { 1 };
+    let n_rb = rows / ROWS / span;
     // Token chunks only when row blocks are scarce (each chunk re-unpacks its panel).
     let tc = (2 * nt).div_ceil(n_rb).clamp(1, x.n_tokens.div_ceil(NT));
     let n_units = n_rb * tc;
@@ -548,6 +564,11 @@ pub(super) fn gemm_panels(
     let work = |_t: usize, _nt: usize| {
         let out_ptr = &out_ptr;
         let mut p = Panel::new(cols, sz);
+        let mut p2 = if pair {
+            Some(Panel::new(cols, sz))
+        } else {
+            None
+        };
         let mut last_rb = usize::MAX;
         loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
@@ -556,10 +577,31 @@ pub(super) fn gemm_panels(
             }
             let (rb, tcx) = (u / tc, u % tc);
             if rb != last_rb {
-                fill(&mut p, rb * ROWS);
+                fill(&mut p, rb * span * ROWS);
+                if let Some(p2) = p2.as_mut() {
+                    fill(p2, (rb * span + 1) * ROWS);
+                }
                 last_rb = rb;
             }
             let tr = split_range(x.n_tokens, 1, tcx, tc);
+            #[cfg(target_arch = "x86_64")]
+            if let Some(p2) = p2.as_ref() {
+                // SAFETY: VNNI checked by the caller; tokens tr ⊂ 0..n_tokens and rows
+                // rb*64..+64 ⊂ 0..rows lie inside `out`; units own disjoint rectangles.
+                unsafe {
+                    vnni::tokens(
+                        [&p, p2],
+                        x,
+                        sz,
+                        tr.start,
+                        tr.end,
+                        out_ptr.0,
+                        rb * 2 * ROWS,
+                        rows,
+                    )
+                };
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
             match path {
                 Int8Path::Vnni => {
@@ -567,7 +609,7 @@ pub(super) fn gemm_panels(
                     // rb*32..+32 ⊂ 0..rows lie inside `out` (checked sizes); units own disjoint
                     // rectangles.
                     unsafe {
-                        vnni::tokens(&p, x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, rows)
+                        vnni::tokens([&p], x, sz, tr.start, tr.end, out_ptr.0, rb * ROWS, rows)
                     };
                     continue;
                 }

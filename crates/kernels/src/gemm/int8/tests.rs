@@ -139,3 +139,43 @@ fn rejects_what_it_cannot_run() {
     assert!(unsupported(&w).is_some());
     assert!(QActs::new(&[0.0; 30], 1, 30, None).is_err());
 }
+
+/// The VNNI path's 64-row units ([`super::vnni::micro`] over two panels, 3 tokens per call) give bit for bit
+/// what its 32-row units give (4 tokens per call), on every format, awkward token counts and
+/// with and without threads: a token's output does not depend on how rows or tokens are tiled.
+#[test]
+fn vnni_row_pairs_equal_single_panels_bitwise() {
+    if !Int8Path::Vnni.is_available() {
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    for dtype in TYPES {
+        if !Int8Path::Vnni.supports(dtype) {
+            continue;
+        }
+        for cols in cols_for(dtype) {
+            let rows = 128;
+            let m = matrix(dtype, rows, cols, (rows * 3 + cols) as u64);
+            let w = WeightRef {
+                dtype,
+                bytes: &m,
+                rows,
+                cols,
+            };
+            let sz = sub_block(dtype).unwrap_or(32);
+            for n in [1usize, 2, 3, 4, 7, 33] {
+                let xf = randn(n * cols, n as u64 + 17);
+                let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
+                for p in [None, Some(&pool)] {
+                    let run = |pair: bool| {
+                        let mut out = vec![f32::NAN; n * rows];
+                        let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
+                        gemm_panels(Int8Path::Vnni, rows, cols, sz, &x, &mut out, p, &fill, pair);
+                        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(run(true), run(false), "{dtype:?} [{rows},{cols}] n={n}");
+                }
+            }
+        }
+    }
+}

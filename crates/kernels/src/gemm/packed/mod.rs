@@ -639,9 +639,17 @@ impl PackedMatrix {
             return Ok(());
         }
         let sz = sub_cols(self.scales.id());
-        gemm_panels(path, self.rows, self.cols, sz, x, out, pool, &|p, r0| {
-            self.expand(r0 / ROWS, p)
-        });
+        gemm_panels(
+            path,
+            self.rows,
+            self.cols,
+            sz,
+            x,
+            out,
+            pool,
+            &|p, r0| self.expand(r0 / ROWS, p),
+            true,
+        );
         Ok(())
     }
 
