@@ -18,7 +18,10 @@
 //!
 //! Work unit: 32 weight rows (unpacked once into a `[k / 4][32 rows][4]` u8 panel with their
 //! `[k / S][32]` scales, L2-resident) × a range of tokens, 4 tokens per micro-kernel call: per
-//! 4 columns two 64-byte panel loads feed 8 `vpdpbusd`. [`gemm_i8_ref`] is the scalar twin,
+//! 4 columns two 64-byte panel loads feed 8 `vpdpbusd`. On VNNI, where the rows pair up, a unit
+//! is two such panels (64 rows) and a call takes 3 tokens: four panel loads and three
+//! broadcasts feed 12 `vpdpbusd` (the broadcasts, not memory, bound the kernel). Every token
+//! gets the same operations in the same order either way. [`gemm_i8_ref`] is the scalar twin,
 //! the same arithmetic in the same order.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
