@@ -34,11 +34,11 @@ pub struct CpuFeatures {
     pub avx512vnni: bool,
     /// AVX-512 BF16.
     pub avx512bf16: bool,
-    /// AMX tile architecture (CPUID.7.0:EDX[24]).
+    /// AMX tile architecture (CPUID.7.0:EDX\[24\]).
     pub amx_tile: bool,
-    /// AMX int8 (CPUID.7.0:EDX[25]).
+    /// AMX int8 (CPUID.7.0:EDX\[25\]).
     pub amx_int8: bool,
-    /// AMX bf16 (CPUID.7.0:EDX[22]).
+    /// AMX bf16 (CPUID.7.0:EDX\[22\]).
     pub amx_bf16: bool,
     /// The OS saves AMX tile state (XCR0 bits 17 and 18).
     pub amx_os_enabled: bool,
