@@ -224,7 +224,7 @@ pub enum Isa {
     Avx512,
     /// AVX-512 VNNI int8 dot products on top of AVX-512.
     Vnni,
-    /// AMX tiles (the bf16 prefill GEMM) on top of the VNNI dot products.
+    /// AMX tiles (the int8 or bf16 prefill GEMM) on top of the VNNI dot products.
     Amx,
 }
 
@@ -272,7 +272,7 @@ impl Isa {
             Isa::Avx2 => "AVX2 + FMA kernels (256-bit)",
             Isa::Avx512 => "AVX-512 F/BW/VL kernels (512-bit)",
             Isa::Vnni => "AVX-512 VNNI int8 kernels (dot products; prompts: int8 GEMM)",
-            Isa::Amx => "AMX-BF16 tiles for prompts (prefill GEMM) + VNNI dot products",
+            Isa::Amx => "AMX tiles for prompts (prefill GEMM, int8 or bf16) + VNNI dot products",
         }
     }
 

@@ -28,11 +28,13 @@ pub const GEMM_MIN_TOKENS: usize = 16;
 pub struct Plan {
     /// The prompt GEMM's micro-kernel (`None`: `KernelSettings::gemm` off, or no SIMD GEMM).
     pub gemm: Option<GemmPath>,
-    /// Prompts multiply in int8 (VNNI, or AVX2 `vpmaddubsw`, on CPUs without AMX) where the
-    /// weight type allows; `None`: the bf16-panel f32 GEMM.
+    /// Prompts multiply in int8 (AMX-INT8 tiles where `KernelSettings::amx_int8` asks for
+    /// them on AMX CPUs; VNNI, or AVX2 `vpmaddubsw`, on CPUs without AMX) where the weight
+    /// type allows; `None`: the bf16-panel f32 GEMM (AMX-BF16 tiles on AMX CPUs).
     pub int8: Option<Int8Path>,
-    /// The int8 kernels of repacked matrices: `int8`, or on AMX CPUs (prompts on AMX tiles
-    /// from the packed panels) the VNNI path for decode.
+    /// The int8 kernels of repacked matrices: `int8`, or on AMX CPUs with bf16 prompts (AMX
+    /// tiles from the packed panels) the VNNI path for decode. The decode GEMV of
+    /// [`Int8Path::Amx`] is VNNI's ([`Int8Path::gemv`]).
     pub packed: Option<Int8Path>,
     /// Weights the packed kernels take are repacked at load (needs `packed`).
     pub repack: bool,
@@ -52,6 +54,7 @@ impl Plan {
             .filter(|p| p.is_available());
         let int8 = match (gemm, isa) {
             (_, _) if !settings.int8 => None,
+            (Some(GemmPath::Amx), Isa::Vnni | Isa::Amx) if settings.amx_int8 => Some(Int8Path::Amx),
             (Some(GemmPath::Avx512), Isa::Vnni) => Some(Int8Path::Vnni),
             (Some(GemmPath::Avx512 | GemmPath::Avx2), Isa::Avx512 | Isa::Avx2) => {
                 Some(Int8Path::Avx2)
@@ -86,9 +89,11 @@ impl Plan {
     pub fn packed_route(&self, n_tokens: usize) -> Option<Route> {
         let path = self.packed?;
         Some(match self.gemm {
-            Some(GemmPath::Amx) if n_tokens >= GEMM_MIN_TOKENS => Route::PackedAmx,
+            Some(GemmPath::Amx) if n_tokens >= GEMM_MIN_TOKENS && path != Int8Path::Amx => {
+                Route::PackedAmx
+            }
             Some(_) if n_tokens >= GEMM_MIN_TOKENS => Route::PackedGemm(path),
-            _ => Route::PackedGemv(path),
+            _ => Route::PackedGemv(path.gemv()),
         })
     }
 
@@ -342,6 +347,20 @@ mod tests {
         let amx = plan(Some(GemmPath::Amx), None, Some(Int8Path::Vnni));
         assert_eq!(amx.packed_route(16), Some(Route::PackedAmx));
         assert_eq!(amx.packed_route(3), Some(Route::PackedGemv(Int8Path::Vnni)));
+        // AMX-INT8 prompts: the int8 GEMM on tiles, decode on VNNI's GEMV.
+        let amx8 = plan(
+            Some(GemmPath::Amx),
+            Some(Int8Path::Amx),
+            Some(Int8Path::Amx),
+        );
+        assert_eq!(
+            amx8.packed_route(16),
+            Some(Route::PackedGemm(Int8Path::Amx))
+        );
+        assert_eq!(
+            amx8.packed_route(15),
+            Some(Route::PackedGemv(Int8Path::Vnni))
+        );
         let no_gemm = plan(None, None, Some(Int8Path::Avx2));
         assert_eq!(
             no_gemm.packed_route(512),
@@ -403,7 +422,7 @@ mod tests {
             int8::gemm_i8_ref(w, &xq, &mut want).unwrap();
             let m = PackedMatrix::pack(w, None).unwrap();
             let pool = ThreadPool::new(2);
-            for p in [Int8Path::Vnni, Int8Path::Avx2] {
+            for p in [Int8Path::Vnni, Int8Path::Avx2, Int8Path::Amx] {
                 if !p.is_available() || !p.supports(dtype) {
                     continue;
                 }

@@ -28,6 +28,11 @@ pub struct KernelSettings {
     pub repack: bool,
     /// Prompt attention on AMX tiles (with the AMX GEMM). `DAMASCUS_ATTN_AMX`.
     pub attn_amx: bool,
+    /// On AMX CPUs, prompts multiply in int8 on AMX-INT8 tiles — the VNNI path's bits, so a
+    /// row's result does not depend on its pass — instead of on AMX-BF16 tiles (off by
+    /// default: on the 16-core AMX host the bf16 tiles run pp512 2.3× faster, BENCHMARKS.md
+    /// 2026-12-07 afternoon). `DAMASCUS_AMX_INT8=1`.
+    pub amx_int8: bool,
     /// Weight-panel bytes per AMX GEMM unit, in KiB (`None`: 640). `DAMASCUS_AMX_PANEL_KIB`.
     pub amx_panel_kib: Option<usize>,
     /// Pool threads taking AMX GEMM units (`None`: all). `DAMASCUS_AMX_THREADS`.
@@ -95,6 +100,7 @@ impl Default for KernelSettings {
             int8: true,
             repack: true,
             attn_amx: true,
+            amx_int8: false,
             amx_panel_kib: None,
             amx_threads: None,
             prefetch: None,
@@ -141,7 +147,7 @@ static INSTALLED: OnceLock<Installed> = OnceLock::new();
 
 impl KernelSettings {
     /// Every variable [`KernelSettings::from_vars`] reads, with what it sets.
-    pub const VARS: [(&'static str, &'static str); 22] = [
+    pub const VARS: [(&'static str, &'static str); 23] = [
         (
             "DAMASCUS_ISA",
             "kernel level: scalar, avx2, avx512, vnni, amx",
@@ -154,6 +160,10 @@ impl KernelSettings {
         ),
         ("DAMASCUS_REPACK", "0: weights stay in the file layout"),
         ("DAMASCUS_ATTN_AMX", "0: prompt attention on the f32 kernel"),
+        (
+            "DAMASCUS_AMX_INT8",
+            "1: AMX prompts on int8 tiles (the VNNI path's bits; slower than bf16)",
+        ),
         (
             "DAMASCUS_AMX_PANEL_KIB",
             "AMX GEMM weight panel per unit, KiB",
@@ -238,6 +248,7 @@ impl KernelSettings {
             int8: !off("DAMASCUS_GEMM_INT8"),
             repack: !off("DAMASCUS_REPACK"),
             attn_amx: !off("DAMASCUS_ATTN_AMX"),
+            amx_int8: val("DAMASCUS_AMX_INT8").is_some_and(|v| v == "1"),
             amx_panel_kib: num("DAMASCUS_AMX_PANEL_KIB")?.filter(|&v| v > 0),
             amx_threads: num("DAMASCUS_AMX_THREADS")?.filter(|&v| v > 0),
             prefetch: num("DAMASCUS_PREFETCH")?,
@@ -320,8 +331,10 @@ mod tests {
             ("DAMASCUS_AMX_THREADS", "8"),
             ("DAMASCUS_PROFILE", "1"),
             ("DAMASCUS_CUDA_ATTN_V2", "0"),
+            ("DAMASCUS_AMX_INT8", "1"),
         ]))
         .unwrap();
+        assert!(s.amx_int8);
         assert_eq!(s.isa, Some(Isa::Avx2));
         assert!(!s.gemm && s.int8 && !s.repack && s.profile && !s.cuda_attn_v2);
         assert_eq!((s.prefetch, s.amx_threads), (Some(0), Some(8)));

@@ -61,7 +61,7 @@ fn check(model: &Model) {
         assert_eq!(b.n_past(), prefix.len() + n);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             if n >= GEMM_MIN_TOKENS && name == "cpu-amx" {
-                // AMX prompt tiles vs the VNNI GEMV: the greedy pick must still agree.
+                // AMX-BF16 prompt tiles vs the VNNI GEMV: the greedy pick must still agree.
                 assert_eq!(host_argmax(g), host_argmax(w), "{name}: {n} rows, row {i}");
             } else {
                 assert!(same_bits(g, w), "{name}: {n} rows, row {i} differs");

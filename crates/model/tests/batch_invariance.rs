@@ -42,9 +42,10 @@ fn check(model: &Model) {
     assert_eq!(batched[0].len(), alone[0].len());
     // Bit-identical where every row takes the same kernel route whatever the batch: the
     // reference; CPU weights repacked for the int8 kernels (the int8 GEMM and the packed GEMV
-    // give the same bits per row) and file-layout weights (every row on the dot products). On
-    // AMX hosts prompts multiply on bf16 tiles and decode on the VNNI GEMV, which round
-    // differently (not yet made row-invariant): there the greedy tokens must still agree.
+    // give the same bits per row, AMX-INT8 tiles with `DAMASCUS_AMX_INT8=1` included) and
+    // file-layout weights (every row on the dot products). With AMX-BF16 prompts (the default
+    // on AMX hosts) prompts multiply on bf16 tiles and decode on the VNNI GEMV, which round
+    // differently: there the greedy tokens must still agree.
     if model.backend_name() == "cpu-amx" {
         for (step, (a, b)) in alone[0].iter().zip(&batched[0]).enumerate() {
             assert_eq!(
@@ -115,4 +116,28 @@ fn batched_logits_are_bit_identical_on_the_cpu_q8_0_cache() {
 fn batched_logits_are_bit_identical_on_the_reference_q8_0_cache() {
     let f = common::tiny(Mix::Q4_K_M, "Q4_K_M");
     check(&Model::with_backend(f, &opts(KvCacheType::Q8_0), ReferenceBackend).unwrap());
+}
+
+/// On AMX hosts with `KernelSettings::amx_int8` (prompts on AMX-INT8 tiles, the VNNI path's
+/// bits): bit-identical too, like every other repacked int8 path.
+#[test]
+fn batched_logits_are_bit_identical_on_amx_int8_tiles() {
+    use damascus_kernels::gemm::int8::Int8Path;
+    use damascus_kernels::settings::KernelSettings;
+    if !Int8Path::Amx.is_available() {
+        return;
+    }
+    let settings = KernelSettings {
+        amx_int8: true,
+        ..KernelSettings::default()
+    };
+    let f = common::tiny(Mix::Q4_K_M, "Q4_K_M");
+    for threads in [1, 2] {
+        let backend = CpuBackend::with_settings(Some(threads), &settings);
+        let m = Model::with_backend(f.clone(), &opts(KvCacheType::F16), backend).unwrap();
+        if m.backend_name() != "cpu-amx-int8" {
+            return; // a forced ISA below AMX (DAMASCUS_ISA)
+        }
+        check(&m);
+    }
 }

@@ -240,7 +240,12 @@ fn repacked_and_file_layout_weights_both_match_reference() {
         .expect("loading on cpu");
     // Repacked wherever the VNNI int8 path runs (not under DAMASCUS_REPACK=0).
     let vnni = Int8Path::Vnni.is_available() && std::env::var("DAMASCUS_REPACK").is_err();
-    if vnni && matches!(packed.backend_name(), "cpu-vnni" | "cpu-amx") {
+    if vnni
+        && matches!(
+            packed.backend_name(),
+            "cpu-vnni" | "cpu-amx" | "cpu-amx-int8"
+        )
+    {
         let note = packed.load_note().expect("a load note");
         assert!(note.starts_with("repacked "), "{note}");
     }

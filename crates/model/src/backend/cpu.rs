@@ -30,6 +30,7 @@ use std::sync::Mutex;
 use damascus_gguf::GgmlType;
 use damascus_kernels::attn_decode::{DecodeShape, KvLayout, attn_decode_f16};
 use damascus_kernels::attn_prefill;
+use damascus_kernels::gemm::int8::Int8Path;
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
 use damascus_kernels::matmul::Plan;
@@ -434,7 +435,15 @@ impl Backend for CpuBackend {
             Isa::Scalar => "cpu-scalar",
             Isa::Avx2 => "cpu-avx2",
             Isa::Avx512 => "cpu-avx512",
-            Isa::Vnni | Isa::Amx if self.plan.gemm == Some(GemmPath::Amx) => "cpu-amx",
+            // AMX-BF16 prompts round differently from the VNNI decode GEMV (a row's result
+            // depends on its pass); AMX-INT8 prompts give the VNNI path's bits.
+            Isa::Vnni | Isa::Amx if self.plan.gemm == Some(GemmPath::Amx) => {
+                if self.plan.int8 == Some(Int8Path::Amx) {
+                    "cpu-amx-int8"
+                } else {
+                    "cpu-amx"
+                }
+            }
             Isa::Vnni | Isa::Amx => "cpu-vnni",
         }
     }
@@ -442,6 +451,9 @@ impl Backend for CpuBackend {
     fn load_note(&self) -> Option<String> {
         let g = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
         let path = match (self.plan.gemm, self.plan.packed) {
+            (Some(GemmPath::Amx), Some(Int8Path::Amx)) => {
+                format!("amx-int8 prompts + {} decode", Int8Path::Amx.gemv().name())
+            }
             (Some(GemmPath::Amx), Some(p)) => format!("amx prompts + {} decode", p.name()),
             (_, p) => p.map_or("", |p| p.name()).to_string(),
         };

@@ -1,5 +1,6 @@
-//! Prefill GEMM in int8 for CPUs with AVX-512 VNNI but no AMX: `out[t, r] = Σ_k W[r, k] x[t, k]`
-//! with `vpdpbusd` (u8 weights × i8 activations → i32), never materializing f32 weights.
+//! Prefill GEMM in int8: `out[t, r] = Σ_k W[r, k] x[t, k]` with `vpdpbusd` on AVX-512 VNNI
+//! (u8 weights × i8 activations → i32), `tdpbsud` on AMX-INT8 tiles, or AVX2's
+//! `vpmaddubsw`, never materializing f32 weights.
 //!
 //! Every supported weight type is written as `w = s_b · q − m_b` per sub-block `b` of `S`
 //! columns (`q` an unsigned byte, `s_b`, `m_b` f32 per row and sub-block):
@@ -21,8 +22,10 @@
 //! 4 columns two 64-byte panel loads feed 8 `vpdpbusd`. On VNNI, where the rows pair up, a unit
 //! is two such panels (64 rows) and a call takes 3 tokens: four panel loads and three
 //! broadcasts feed 12 `vpdpbusd` (the broadcasts, not memory, bound the kernel). Every token
-//! gets the same operations in the same order either way. [`gemm_i8_ref`] is the scalar twin,
-//! the same arithmetic in the same order.
+//! gets the same operations in the same order either way. On AMX ([`Int8Path::Amx`], `amx.rs`)
+//! a unit's panels are the B tiles as they are and 16 tokens' activation rows the A tile, one
+//! tile product per sub-block, then the same float epilogue on AVX-512: the same bits again.
+//! [`gemm_i8_ref`] is the scalar twin, the same arithmetic in the same order.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -188,6 +191,30 @@ impl QActs {
     /// The per-sub-block sums for sub-block size `s` (16 or 32).
     pub(super) fn sums(&self, s: usize) -> &[f32] {
         if s == 16 { &self.s16 } else { &self.s32 }
+    }
+
+    /// The rows of tokens `t0..t0 + N` — quants (`[k]` i8), block scales (`[k / 32]`) and the
+    /// sums of sub-blocks of `sz` (`[k / sz]`) — checked once here (it panics where a token
+    /// lies outside the activations), so a micro-kernel reads them without per-sub-block
+    /// bounds checks.
+    pub(super) fn token_rows<const N: usize>(
+        &self,
+        t0: usize,
+        sz: usize,
+    ) -> ([*const i8; N], [*const f32; N], [*const f32; N]) {
+        let (k, nsub, sums) = (self.k, self.k / sz, self.sums(sz));
+        assert!(
+            (t0 + N) * k <= self.q.len()
+                && (t0 + N) * (k / 32) <= self.d.len()
+                && (t0 + N) * nsub <= sums.len(),
+            "int8 micro-kernel: tokens {t0}..{} outside the activations",
+            t0 + N
+        );
+        (
+            std::array::from_fn(|j| self.q[(t0 + j) * k..].as_ptr()),
+            std::array::from_fn(|j| self.d[(t0 + j) * (k / 32)..].as_ptr()),
+            std::array::from_fn(|j| sums[(t0 + j) * nsub..].as_ptr()),
+        )
     }
 }
 
@@ -419,6 +446,8 @@ pub(super) unsafe fn micro_scalar(
 
 mod act;
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod vnni;
 
 #[cfg(target_arch = "x86_64")]
@@ -433,6 +462,19 @@ pub enum Int8Path {
     Avx2,
     /// `vpdpbusd` on AVX-512 VNNI.
     Vnni,
+    /// `tdpbsud` on AMX-INT8 tiles for prompts (16-token tiles; token tails, and the decode
+    /// GEMV of repacked matrices, on VNNI): the same bits as [`Int8Path::Vnni`].
+    Amx,
+}
+
+/// How the AMX path's tile steps run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TileStep {
+    /// AMX-INT8 tiles.
+    Tiles,
+    /// Scalar emulation on the same memory (tests).
+    #[cfg(test)]
+    Emulated,
 }
 
 impl Int8Path {
@@ -444,15 +486,23 @@ impl Int8Path {
             Int8Path::Scalar => true,
             Int8Path::Avx2 => x86 && f.avx2 && f.fma && f.f16c,
             Int8Path::Vnni => x86 && f.avx512f && f.avx512bw && f.avx512vnni,
+            Int8Path::Amx => {
+                Int8Path::Vnni.is_available() && f.amx_int8 && crate::cpu::Isa::Amx.is_available()
+            }
         }
     }
 
     /// Every path this CPU can run.
     pub fn available() -> Vec<Int8Path> {
-        [Int8Path::Scalar, Int8Path::Avx2, Int8Path::Vnni]
-            .into_iter()
-            .filter(|p| p.is_available())
-            .collect()
+        [
+            Int8Path::Scalar,
+            Int8Path::Avx2,
+            Int8Path::Vnni,
+            Int8Path::Amx,
+        ]
+        .into_iter()
+        .filter(|p| p.is_available())
+        .collect()
     }
 
     /// Whether the path multiplies `dtype` (AVX2's i16 pair sums would saturate on Q8_0).
@@ -466,6 +516,16 @@ impl Int8Path {
             Int8Path::Scalar => "int8-scalar",
             Int8Path::Avx2 => "avx2-int8",
             Int8Path::Vnni => "vnni-int8",
+            Int8Path::Amx => "amx-int8",
+        }
+    }
+
+    /// The path the decode GEMV of repacked matrices runs for this one (AMX: VNNI).
+    pub fn gemv(self) -> Int8Path {
+        if self == Int8Path::Amx {
+            Int8Path::Vnni
+        } else {
+            self
         }
     }
 }
@@ -552,10 +612,40 @@ pub(super) fn gemm_panels(
     fill: &(dyn Fn(&mut Panel, usize) + Sync),
     pair: bool,
 ) {
+    gemm_units(
+        path,
+        TileStep::Tiles,
+        rows,
+        cols,
+        sz,
+        x,
+        out,
+        pool,
+        fill,
+        pair,
+    );
+}
+
+/// [`gemm_panels`] with the AMX path's tile steps on `step` (the tests emulate them).
+#[allow(clippy::too_many_arguments)]
+fn gemm_units(
+    path: Int8Path,
+    step: TileStep,
+    rows: usize,
+    cols: usize,
+    sz: usize,
+    x: &QActs,
+    out: &mut [f32],
+    pool: Option<&ThreadPool>,
+    fill: &(dyn Fn(&mut Panel, usize) + Sync),
+    pair: bool,
+) {
     debug_assert!(rows.is_multiple_of(ROWS) && out.len() == x.n_tokens * rows);
     let nt = pool.map_or(1, ThreadPool::n_threads);
-    // VNNI multiplies two panels (64 rows) per unit where the rows pair up.
-    let pair = pair && cfg!(target_arch = "x86_64") && path == Int8Path::Vnni;
+    // VNNI multiplies two panels (64 rows) per unit where the rows pair up; AMX takes both
+    // panels per 16-token activation tile (its tile is read from L1 for the second).
+    let pair =
+        pair && cfg!(target_arch = "x86_64") && matches!(path, Int8Path::Vnni | Int8Path::Amx);
     let pair = pair && rows.is_multiple_of(2 * ROWS);
     let span = if pair { 2 } else { 1 };
     let n_rb = rows / ROWS / span;
@@ -566,6 +656,12 @@ pub(super) fn gemm_panels(
     let out_ptr = SendPtr(out.as_mut_ptr());
     let work = |_t: usize, _nt: usize| {
         let out_ptr = &out_ptr;
+        #[cfg(target_arch = "x86_64")]
+        let _tiles = (path == Int8Path::Amx && step == TileStep::Tiles).then(|| {
+            // SAFETY: the callers run `Int8Path::Amx` only where it is available.
+            unsafe { amx::TileGuard::new(&amx::Config::for_sub_block(sz)) }
+        });
+        let _ = step;
         let mut p = Panel::new(cols, sz);
         let mut p2 = if pair {
             Some(Panel::new(cols, sz))
@@ -586,7 +682,39 @@ pub(super) fn gemm_panels(
                 }
                 last_rb = rb;
             }
-            let tr = split_range(x.n_tokens, 1, tcx, tc);
+            // AMX token chunks are whole 16-token tiles (only the last has a VNNI tail).
+            let tr = split_range(
+                x.n_tokens,
+                if path == Int8Path::Amx { 16 } else { 1 },
+                tcx,
+                tc,
+            );
+            #[cfg(target_arch = "x86_64")]
+            if path == Int8Path::Amx {
+                let r0 = rb * span * ROWS;
+                // SAFETY: AMX-INT8 and VNNI checked by the caller (tiles configured above for
+                // `TileStep::Tiles`); tokens tr ⊂ 0..n_tokens and rows r0..r0 + 32·span ⊂
+                // 0..rows lie inside `out`; units own disjoint rectangles.
+                unsafe {
+                    match p2.as_ref() {
+                        Some(p2) => amx::tokens(
+                            step,
+                            [&p, p2],
+                            x,
+                            sz,
+                            tr.start,
+                            tr.end,
+                            out_ptr.0,
+                            r0,
+                            rows,
+                        ),
+                        None => {
+                            amx::tokens(step, [&p], x, sz, tr.start, tr.end, out_ptr.0, r0, rows)
+                        }
+                    }
+                };
+                continue;
+            }
             #[cfg(target_arch = "x86_64")]
             if let Some(p2) = p2.as_ref() {
                 // SAFETY: VNNI checked by the caller; tokens tr ⊂ 0..n_tokens and rows
@@ -623,7 +751,7 @@ pub(super) fn gemm_panels(
                     };
                     continue;
                 }
-                Int8Path::Scalar => {}
+                Int8Path::Scalar | Int8Path::Amx => {}
             }
             // SAFETY: as above; this unit's rectangle is written by this thread only.
             unsafe { micro_scalar(&p, x, sz, tr.start, tr.len(), out_ptr.0, rb * ROWS, rows) };

@@ -179,3 +179,79 @@ fn vnni_row_pairs_equal_single_panels_bitwise() {
         }
     }
 }
+
+/// The AMX path ([`super::amx::tokens`]: 16-token tiles, VNNI tails) gives bit for bit what
+/// the VNNI path and the scalar twin give, on every format, awkward token counts (tails of 1,
+/// 3, 7 and 15 tokens, several tiles), 32- and 64-row units, with and without threads: its tile
+/// steps emulated on any VNNI CPU, and on the tiles where AMX-INT8 is available.
+#[test]
+fn amx_tiles_equal_vnni_and_the_twin_bitwise() {
+    if !Int8Path::Vnni.is_available() {
+        return;
+    }
+    let mut steps = vec![TileStep::Emulated];
+    if Int8Path::Amx.is_available() {
+        steps.push(TileStep::Tiles);
+    }
+    let pool = ThreadPool::new(3);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for dtype in TYPES {
+        for cols in cols_for(dtype) {
+            for rows in [32usize, 96, 128] {
+                let m = matrix(dtype, rows, cols, (rows * 5 + cols) as u64);
+                let w = WeightRef {
+                    dtype,
+                    bytes: &m,
+                    rows,
+                    cols,
+                };
+                let sz = sub_block(dtype).unwrap_or(32);
+                let counts: &[usize] = if dtype == GgmlType::Q4_K && cols == 256 && rows == 96 {
+                    &[1, 16, 17, 1023]
+                } else {
+                    &[3, 7, 16, 33, 47]
+                };
+                for &n in counts {
+                    let xf = randn(n * cols, n as u64 + 29);
+                    let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
+                    let mut twin = vec![0f32; n * rows];
+                    gemm_i8_ref(w, &x, &mut twin).unwrap();
+                    let mut vnni = vec![0f32; n * rows];
+                    gemm_i8(Int8Path::Vnni, w, &x, &mut vnni, Some(&pool)).unwrap();
+                    assert_eq!(
+                        bits(&vnni),
+                        bits(&twin),
+                        "vnni {dtype:?} [{rows},{cols}] n={n}"
+                    );
+                    for &step in &steps {
+                        for p in [None, Some(&pool)] {
+                            for pair in [false, true] {
+                                let mut out = vec![f32::NAN; n * rows];
+                                let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
+                                gemm_units(
+                                    Int8Path::Amx,
+                                    step,
+                                    rows,
+                                    cols,
+                                    sz,
+                                    &x,
+                                    &mut out,
+                                    p,
+                                    &fill,
+                                    pair,
+                                );
+                                assert_eq!(
+                                    bits(&out),
+                                    bits(&twin),
+                                    "amx {step:?} {dtype:?} [{rows},{cols}] n={n} pair={pair} \
+                                     threads={}",
+                                    p.is_some()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -26,19 +26,8 @@ pub(super) unsafe fn micro<const N: usize, const SQ: usize, const P: usize>(
     let k = x.k;
     let sz = 4 * SQ;
     let nsub = k / sz;
-    let sums = x.sums(sz);
-    // The tokens' rows, checked once here so the loop below reads them without per-sub-block
-    // bounds checks: quants `[k]` i8, block scales `[k / 32]`, sub-block sums `[nsub]`.
-    assert!(
-        (t0 + N) * k <= x.q.len()
-            && (t0 + N) * (k / 32) <= x.d.len()
-            && (t0 + N) * nsub <= sums.len(),
-        "int8 micro-kernel: tokens {t0}..{} outside the activations",
-        t0 + N
-    );
-    let xq: [*const i8; N] = std::array::from_fn(|j| x.q[(t0 + j) * k..].as_ptr());
-    let xd: [*const f32; N] = std::array::from_fn(|j| x.d[(t0 + j) * (k / 32)..].as_ptr());
-    let xs: [*const f32; N] = std::array::from_fn(|j| sums[(t0 + j) * nsub..].as_ptr());
+    // The tokens' rows, checked once: quants, block scales, sub-block sums.
+    let (xq, xd, xs) = x.token_rows::<N>(t0, sz);
     let pq: [*const u8; P] = std::array::from_fn(|h| p[h].q.as_ptr().cast::<u8>());
     let mut acc = [[[_mm512_setzero_ps(); 2]; P]; N]; // [token][panel][16 rows]
     for b in 0..nsub {

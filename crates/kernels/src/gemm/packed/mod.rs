@@ -812,7 +812,9 @@ impl PackedMatrix {
                 };
             }
             match path {
-                Int8Path::Vnni => return with_format!(self.quants, self.scales, on_vnni),
+                Int8Path::Vnni | Int8Path::Amx => {
+                    return with_format!(self.quants, self.scales, on_vnni);
+                }
                 Int8Path::Avx2 => return with_format!(self.quants, self.scales, on_avx2),
                 Int8Path::Scalar => {}
             }

@@ -201,20 +201,9 @@ pub(super) unsafe fn micro<const N: usize, const Q: u8, const S: u8>(
     let k = cols;
     let (cc, cb, sz) = (chunk_cols(S), chunk_bytes(Q, S), sub_cols(S));
     let (rb, sq, nsc) = (rec_bytes(Q), sz / 4, cc / sz);
-    let nsub = k / sz;
-    let sums = x.sums(sz);
-    // The tokens' rows, checked once so the loop reads them without per-sub-block bounds
-    // checks: quants `[k]` i8, block scales `[k / 32]`, sub-block sums `[nsub]`.
-    assert!(
-        (t0 + N) * k <= x.q.len()
-            && (t0 + N) * (k / 32) <= x.d.len()
-            && (t0 + N) * nsub <= sums.len(),
-        "packed micro-kernel: tokens {t0}..{} outside the activations",
-        t0 + N
-    );
-    let xq: [*const i8; N] = std::array::from_fn(|i| x.q[(t0 + i) * k..].as_ptr());
-    let xd: [*const f32; N] = std::array::from_fn(|i| x.d[(t0 + i) * (k / 32)..].as_ptr());
-    let xs: [*const f32; N] = std::array::from_fn(|i| sums[(t0 + i) * nsub..].as_ptr());
+    // The tokens' rows, checked once: quants, block scales, sub-block sums.
+    assert_eq!(x.k, k, "packed micro-kernel: activations of another width");
+    let (xq, xd, xs) = x.token_rows::<N>(t0, sz);
     let mut acc = [[_mm512_setzero_ps(); 2]; N];
     for c in 0..k / cc {
         // SAFETY: chunk c of the panel (k / cc chunks of cb bytes).
