@@ -1,6 +1,6 @@
 //! `damascus quantize`: requantize a GGUF file the way `llama-quantize` does.
 //!
-//! Same per-tensor types (the [recipe](damascus_quant::recipe)), same tensor order (llama.cpp's
+//! Same per-tensor types (the [`recipe`]), same tensor order (llama.cpp's
 //! by-layer order), same metadata edits (all pairs copied, `split.*` dropped,
 //! `general.quantization_version` = 2 and `general.file_type` moved to the end), and every
 //! converted row goes through `dequantize_row` → `quantize_row` (the reference quantizers), so

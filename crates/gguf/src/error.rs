@@ -194,7 +194,7 @@ pub enum GgufError {
         offset: u64,
         /// The tensor's name.
         tensor: String,
-        /// dims[0].
+        /// `dims[0]`.
         row_len: u64,
         /// The type name.
         dtype: &'static str,

@@ -1,5 +1,5 @@
 //! The decoder's hyper-parameters in the form the forward pass uses them, derived from
-//! [`ModelConfig`](crate::config::ModelConfig) (which mirrors the GGUF metadata).
+//! [`crate::config::ModelConfig`] (which mirrors the GGUF metadata).
 
 use damascus_kernels::reference::{
     RopeLayout, RopeScalingLlama3, llama3_freq_factors, rope_inv_freq,

@@ -95,7 +95,7 @@ const MAX_SKIP: usize = 15;
 /// Sizes the drafts of one generation by how the previous ones fared (see the module docs).
 ///
 /// The chance `p` that a drafted token is right, given that the ones before it were, is
-/// estimated from recent outcomes (kept drafts vs. rejections, weighted by [`DECAY`] per
+/// estimated from recent outcomes (kept drafts vs. rejections, weighted by `DECAY` per
 /// outcome, starting at ½). The `i`-th drafted token pays off when `p^i > ROW_COST`, so the cap is the
 /// largest such `i` (at least 1, at most `max_draft`). After drafts rejected at their first
 /// token in a row, drafting pauses for 1, 3, 7, then 15 steps.

@@ -271,7 +271,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 }
 
 /// Parses a generation request body: malformed JSON and wrong types are 400
-/// `invalid_request_error`; a field outside [`COMMON_FIELDS`] and `fields` is 400
+/// `invalid_request_error`; a field outside the common ones (`COMMON_FIELDS`) and `fields` is 400
 /// `unsupported_parameter` with `param` naming it. Null fields count as absent.
 pub fn parse_request<T: serde::de::DeserializeOwned>(
     body: &[u8],
