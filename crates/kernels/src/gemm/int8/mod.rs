@@ -583,6 +583,7 @@ pub fn gemm_i8(
     let sz = sub_block(w.dtype).unwrap_or(32);
     gemm_panels(
         path,
+        TileStep::Tiles,
         w.rows,
         w.cols,
         sz,
@@ -600,35 +601,9 @@ pub fn gemm_i8(
 /// With `pair`, the VNNI path multiplies two panels (64 rows) per unit where the rows allow
 /// ([`vnni::micro`] over two panels: the same bits as two 32-row units; `false` is its twin
 /// in the tests).
+/// The AMX path's tile steps run on `step` ([`TileStep::Tiles`]; the tests emulate them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_panels(
-    path: Int8Path,
-    rows: usize,
-    cols: usize,
-    sz: usize,
-    x: &QActs,
-    out: &mut [f32],
-    pool: Option<&ThreadPool>,
-    fill: &(dyn Fn(&mut Panel, usize) + Sync),
-    pair: bool,
-) {
-    gemm_units(
-        path,
-        TileStep::Tiles,
-        rows,
-        cols,
-        sz,
-        x,
-        out,
-        pool,
-        fill,
-        pair,
-    );
-}
-
-/// [`gemm_panels`] with the AMX path's tile steps on `step` (the tests emulate them).
-#[allow(clippy::too_many_arguments)]
-fn gemm_units(
     path: Int8Path,
     step: TileStep,
     rows: usize,

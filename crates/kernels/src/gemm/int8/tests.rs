@@ -170,7 +170,18 @@ fn vnni_row_pairs_equal_single_panels_bitwise() {
                     let run = |pair: bool| {
                         let mut out = vec![f32::NAN; n * rows];
                         let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
-                        gemm_panels(Int8Path::Vnni, rows, cols, sz, &x, &mut out, p, &fill, pair);
+                        gemm_panels(
+                            Int8Path::Vnni,
+                            TileStep::Tiles,
+                            rows,
+                            cols,
+                            sz,
+                            &x,
+                            &mut out,
+                            p,
+                            &fill,
+                            pair,
+                        );
                         out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                     };
                     assert_eq!(run(true), run(false), "{dtype:?} [{rows},{cols}] n={n}");
@@ -228,7 +239,7 @@ fn amx_tiles_equal_vnni_and_the_twin_bitwise() {
                             for pair in [false, true] {
                                 let mut out = vec![f32::NAN; n * rows];
                                 let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
-                                gemm_units(
+                                gemm_panels(
                                     Int8Path::Amx,
                                     step,
                                     rows,

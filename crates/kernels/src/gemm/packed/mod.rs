@@ -52,7 +52,7 @@ use crate::pool::ThreadPool;
 use crate::quantdot::KernelError;
 
 use super::WeightRef;
-use super::int8::{Int8Path, NT, Panel, QActs, ROWS, gemm_panels};
+use super::int8::{Int8Path, NT, Panel, QActs, ROWS, TileStep, gemm_panels};
 
 /// Quant storage of a packed type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -641,6 +641,7 @@ impl PackedMatrix {
         let sz = sub_cols(self.scales.id());
         gemm_panels(
             path,
+            TileStep::Tiles,
             self.rows,
             self.cols,
             sz,
