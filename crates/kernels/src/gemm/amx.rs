@@ -60,43 +60,61 @@ fn knobs() -> (usize, usize) {
 /// bf16 elements per tile (16 rows × 32).
 const TILE_ELEMS: usize = TILE * KSTEP;
 
-/// The 64-byte tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
+/// A 64-byte tile configuration (palette 1): per tile its rows and bytes per row (0 and 0:
+/// unused). [`TileGuard`] loads one.
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(crate) struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    const fn eight_full_tiles() -> TileConfig {
+    /// Tile `t` of `shapes` is `(rows, colsb)` (rows ≤ 16, bytes per row ≤ 64).
+    pub(crate) const fn new(shapes: [(u8, u8); 8]) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1; // palette
         let mut t = 0;
         while t < 8 {
-            c[16 + 2 * t] = 64; // colsb[t] (u16, little endian)
-            c[48 + t] = TILE as u8; // rows[t]
+            c[16 + 2 * t] = shapes[t].1; // colsb[t] (u16, little endian)
+            c[48 + t] = shapes[t].0; // rows[t]
             t += 1;
         }
         TileConfig(c)
     }
+
+    /// The 64 bytes `ldtilecfg` reads.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> &[u8; 64] {
+        &self.0
+    }
 }
 
-static CONFIG: TileConfig = TileConfig::eight_full_tiles();
+/// This driver's tiles (and [`crate::attn_amx`]'s): eight of 16 rows × 64 bytes.
+static CONFIG: TileConfig = TileConfig::new([(TILE as u8, 64); 8]);
 
 /// Configures this thread's tiles on creation and releases them on drop.
 pub(crate) struct TileGuard(());
 
 impl TileGuard {
-    /// Loads the tile configuration. Only created on the AMX path, which
-    /// [`super::GemmPath::is_available`] gates on AMX-BF16 and the OS permission.
+    /// Loads this driver's configuration (eight full tiles). Only created on the AMX path,
+    /// which [`super::GemmPath::is_available`] gates on AMX-BF16 and the OS permission.
     pub(crate) fn new() -> TileGuard {
-        // SAFETY: AMX is available and permitted (the only caller is the AMX path); the
-        // configuration is a valid palette-1 layout.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack)) };
+        // SAFETY: AMX is available and permitted (the only callers are the AMX paths).
+        unsafe { TileGuard::with(&CONFIG) }
+    }
+
+    /// Loads `cfg`.
+    ///
+    /// # Safety
+    /// AMX must be available and permitted on this CPU, and `cfg` a valid palette-1 layout
+    /// (rows ≤ 16, bytes per row ≤ 64).
+    pub(crate) unsafe fn with(cfg: &TileConfig) -> TileGuard {
+        // SAFETY: forwarded from the caller.
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack)) };
         TileGuard(())
     }
 }
 
 impl Drop for TileGuard {
     fn drop(&mut self) {
-        // SAFETY: tiles were configured by `new` on this thread.
+        // SAFETY: tiles were configured by `new` or `with` on this thread.
         unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 }
@@ -612,6 +630,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_tile_configuration_is_palette_1_with_eight_full_tiles() {
+        let b = CONFIG.bytes();
+        assert_eq!((b[0], b[1]), (1, 0), "palette 1, start row 0");
+        for t in 0..8 {
+            assert_eq!(
+                u16::from_le_bytes([b[16 + 2 * t], b[17 + 2 * t]]),
+                64,
+                "colsb[{t}]"
+            );
+            assert_eq!(b[48 + t], 16, "rows[{t}]");
+        }
+        assert!(
+            b[2..16]
+                .iter()
+                .chain(&b[32..48])
+                .chain(&b[56..])
+                .all(|&v| v == 0)
+        );
     }
 
     #[test]

@@ -36,6 +36,16 @@ pub(super) fn quantized(dtype: GgmlType, rows: usize, k: usize, seed: u64) -> Ve
     out
 }
 
+/// `bytes` as a `[rows, cols]` matrix of `dtype`.
+pub(super) fn weight_ref(dtype: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> WeightRef<'_> {
+    WeightRef {
+        dtype,
+        bytes,
+        rows,
+        cols,
+    }
+}
+
 fn check_case(dtype: GgmlType, rows: usize, k: usize, n_tokens: usize, pool: Option<&ThreadPool>) {
     let bytes = quantized(dtype, rows, k, (rows * 31 + k) as u64);
     let w = WeightRef {

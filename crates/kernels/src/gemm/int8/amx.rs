@@ -15,70 +15,34 @@
 //! issued before the epilogue of `b`, so the tile unit multiplies while the vector units scale.
 //! Tokens come in tiles of 16; a tail of fewer goes to the VNNI kernel (the same bits).
 //!
-//! Tile registers (palette 1, [`Config::for_sub_block`]): `tmm0`/`tmm1` C (16 × 64 bytes),
+//! Tile registers (palette 1, [`config`]): `tmm0`/`tmm1` C (16 × 64 bytes),
 //! `tmm4` A (16 rows × `S` bytes), `tmm5`/`tmm6` B (`S / 4` rows × 64 bytes).
 
 use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Panel, QActs, ROWS, TileStep, vnni};
+use crate::gemm::amx::TileConfig;
 
 /// Tokens per tile step (the A tile's rows).
 const TT: usize = 16;
 
-/// A palette-1 tile configuration for sub-blocks of `S` columns.
-#[repr(C, align(64))]
-pub(super) struct Config([u8; 64]);
-
-impl Config {
-    /// C in `tmm0`/`tmm1`, A in `tmm4`, B in `tmm5`/`tmm6` (see the module docs).
-    pub(super) fn for_sub_block(sz: usize) -> Config {
-        assert!(
-            sz == 16 || sz == 32,
-            "AMX int8: sub-blocks of 16 or 32 columns"
-        );
-        let mut c = [0u8; 64];
-        c[0] = 1; // palette
-        let mut set = |t: usize, rows: usize, colsb: usize| {
-            c[16 + 2 * t] = colsb as u8; // colsb[t], u16 little endian (≤ 64)
-            c[48 + t] = rows as u8; // rows[t]
-        };
-        set(0, TT, 64);
-        set(1, TT, 64);
-        set(4, TT, sz);
-        set(5, sz / 4, 64);
-        set(6, sz / 4, 64);
-        Config(c)
-    }
-}
-
-/// Holds this thread's tiles configured by a [`Config`]; releases them on drop.
-pub(super) struct TileGuard(());
-
-impl TileGuard {
-    /// Loads `cfg`.
-    ///
-    /// # Safety
-    /// AMX-INT8 must be available and permitted ([`super::Int8Path::Amx`]`.is_available()`).
-    pub(super) unsafe fn new(cfg: &Config) -> TileGuard {
-        // SAFETY: AMX is available and permitted (caller); `cfg` is a valid palette-1 layout.
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack)) };
-        TileGuard(())
-    }
-}
-
-impl Drop for TileGuard {
-    fn drop(&mut self) {
-        // SAFETY: the tiles were configured by `new` on this thread.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
-    }
+/// The tile configuration for sub-blocks of `S` columns (see the module docs): C in
+/// `tmm0`/`tmm1`, A in `tmm4`, B in `tmm5`/`tmm6`.
+pub(super) fn config(sz: usize) -> TileConfig {
+    assert!(
+        sz == 16 || sz == 32,
+        "AMX int8: sub-blocks of 16 or 32 columns"
+    );
+    let (c, a, b) = ((TT as u8, 64), (TT as u8, sz as u8), (sz as u8 / 4, 64));
+    TileConfig::new([c, c, (0, 0), (0, 0), a, b, b, (0, 0)])
 }
 
 /// One sub-block on the tiles: `c[h][t][r] = Σ_{i < S} a[t · lda + i] · w_h[i][r]` for the
 /// two 16-row halves `h`, with `w_h[i][r]` the byte at `b + (i / 4) · 128 + 64 h + 4 r + i % 4`.
 ///
 /// # Safety
-/// The tiles are configured for `S` ([`Config::for_sub_block`]) on this thread; `a` is
+/// The tiles are configured for `S` ([`config`]) on this thread; `a` is
 /// readable for 16 rows of `S` bytes at stride `lda`, `b` for `S / 4` rows of 128 bytes and
 /// `c` writable for `[2][16][16]` i32.
 #[inline(always)]
@@ -186,7 +150,7 @@ struct CBufs([[i32; 2 * TT * 16]; 2]);
 ///
 /// # Safety
 /// AVX-512F/BW/VNNI must be available; for [`TileStep::Tiles`], AMX-INT8 too and this thread
-/// holds a [`TileGuard`] for `sz`; tokens `t0..t1` and rows `r0..r0 + 32·P` must lie inside
+/// holds a `TileGuard` of [`config`]`(sz)`; tokens `t0..t1` and rows `r0..r0 + 32·P` must lie inside
 /// `x` and `out` (`[n_tokens, rows]`), and no other thread may write that rectangle meanwhile.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -272,5 +236,37 @@ pub(super) unsafe fn tokens<const P: usize>(
     if t < t1 {
         // SAFETY: forwarded from the caller (VNNI available, the rectangle inside `out`).
         unsafe { vnni::tokens(p, x, sz, t, t1, out, r0, rows) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// C in tmm0/tmm1 (16 × 64 bytes), A in tmm4 (16 × S), B in tmm5/tmm6 (S / 4 × 64), the
+    /// rest unused: the shapes `tile_step` and the module docs assume.
+    #[test]
+    fn int8_tile_configuration_matches_the_step() {
+        for sz in [16usize, 32] {
+            let b = *super::config(sz).bytes();
+            assert_eq!(b[0], 1, "palette 1");
+            let shape = |t: usize| {
+                (
+                    b[48 + t],
+                    u16::from_le_bytes([b[16 + 2 * t], b[17 + 2 * t]]),
+                )
+            };
+            let want = [
+                (16, 64),
+                (16, 64),
+                (0, 0),
+                (0, 0),
+                (16, sz as u16),
+                (sz as u8 / 4, 64),
+                (sz as u8 / 4, 64),
+                (0, 0),
+            ];
+            for (t, &w) in want.iter().enumerate() {
+                assert_eq!(shape(t), w, "S = {sz}, tile {t}");
+            }
+        }
     }
 }

@@ -633,10 +633,12 @@ pub(super) fn gemm_panels(
         let out_ptr = &out_ptr;
         #[cfg(target_arch = "x86_64")]
         let _tiles = (path == Int8Path::Amx && step == TileStep::Tiles).then(|| {
-            // SAFETY: the callers run `Int8Path::Amx` only where it is available.
-            unsafe { amx::TileGuard::new(&amx::Config::for_sub_block(sz)) }
+            // SAFETY: the callers run `Int8Path::Amx` only where it is available (AMX-INT8,
+            // permitted); `config` is a valid palette-1 layout.
+            unsafe { crate::gemm::amx::TileGuard::with(&amx::config(sz)) }
         });
-        let _ = step;
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = step; // tiles exist on x86-64 only
         let mut p = Panel::new(cols, sz);
         let mut p2 = if pair {
             Some(Panel::new(cols, sz))

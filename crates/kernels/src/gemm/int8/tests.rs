@@ -1,7 +1,7 @@
 //! Tests of [`super`]: the ISA kernels against the scalar reference on awkward sizes.
 
 use super::*;
-use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
+use crate::gemm::tests::{quantized as matrix, rand_vec as randn, weight_ref};
 
 /// Every type the int8 path multiplies (also the packed layout's).
 pub(in crate::gemm) const TYPES: [GgmlType; 8] = [
@@ -53,12 +53,7 @@ fn simd_paths_match_scalar_twin_and_f32_math_on_awkward_shapes() {
         for cols in cols_for(dtype) {
             for rows in [32usize, 96] {
                 let m = matrix(dtype, rows, cols, (rows * 7 + cols) as u64);
-                let w = WeightRef {
-                    dtype,
-                    bytes: &m,
-                    rows,
-                    cols,
-                };
+                let w = weight_ref(dtype, &m, rows, cols);
                 assert_eq!(unsupported(&w), None);
                 for n in [1usize, 3, 7, 33] {
                     let xf = randn(n * cols, n as u64 + 5);
@@ -140,6 +135,24 @@ fn rejects_what_it_cannot_run() {
     assert!(QActs::new(&[0.0; 30], 1, 30, None).is_err());
 }
 
+/// [`gemm_panels`] on `w`'s file blocks, as the bits of `out`.
+fn panel_bits(
+    path: Int8Path,
+    step: TileStep,
+    w: &WeightRef<'_>,
+    x: &QActs,
+    pool: Option<&ThreadPool>,
+    pair: bool,
+) -> Vec<u32> {
+    let sz = sub_block(w.dtype).unwrap_or(32);
+    let mut out = vec![f32::NAN; x.n_tokens * w.rows];
+    let fill = |pn: &mut Panel, r0: usize| pn.fill(w, r0);
+    gemm_panels(
+        path, step, w.rows, w.cols, sz, x, &mut out, pool, &fill, pair,
+    );
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
 /// The VNNI path's 64-row units ([`super::vnni::micro`] over two panels, 3 tokens per call) give bit for bit
 /// what its 32-row units give (4 tokens per call), on every format, awkward token counts and
 /// with and without threads: a token's output does not depend on how rows or tokens are tiled.
@@ -156,34 +169,12 @@ fn vnni_row_pairs_equal_single_panels_bitwise() {
         for cols in cols_for(dtype) {
             let rows = 128;
             let m = matrix(dtype, rows, cols, (rows * 3 + cols) as u64);
-            let w = WeightRef {
-                dtype,
-                bytes: &m,
-                rows,
-                cols,
-            };
-            let sz = sub_block(dtype).unwrap_or(32);
+            let w = weight_ref(dtype, &m, rows, cols);
             for n in [1usize, 2, 3, 4, 7, 33] {
                 let xf = randn(n * cols, n as u64 + 17);
                 let x = QActs::new(&xf, n, cols, Some(&pool)).unwrap();
                 for p in [None, Some(&pool)] {
-                    let run = |pair: bool| {
-                        let mut out = vec![f32::NAN; n * rows];
-                        let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
-                        gemm_panels(
-                            Int8Path::Vnni,
-                            TileStep::Tiles,
-                            rows,
-                            cols,
-                            sz,
-                            &x,
-                            &mut out,
-                            p,
-                            &fill,
-                            pair,
-                        );
-                        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                    };
+                    let run = |pair| panel_bits(Int8Path::Vnni, TileStep::Tiles, &w, &x, p, pair);
                     assert_eq!(run(true), run(false), "{dtype:?} [{rows},{cols}] n={n}");
                 }
             }
@@ -210,13 +201,7 @@ fn amx_tiles_equal_vnni_and_the_twin_bitwise() {
         for cols in cols_for(dtype) {
             for rows in [32usize, 96, 128] {
                 let m = matrix(dtype, rows, cols, (rows * 5 + cols) as u64);
-                let w = WeightRef {
-                    dtype,
-                    bytes: &m,
-                    rows,
-                    cols,
-                };
-                let sz = sub_block(dtype).unwrap_or(32);
+                let w = weight_ref(dtype, &m, rows, cols);
                 let counts: &[usize] = if dtype == GgmlType::Q4_K && cols == 256 && rows == 96 {
                     &[1, 16, 17, 1023]
                 } else {
@@ -237,22 +222,8 @@ fn amx_tiles_equal_vnni_and_the_twin_bitwise() {
                     for &step in &steps {
                         for p in [None, Some(&pool)] {
                             for pair in [false, true] {
-                                let mut out = vec![f32::NAN; n * rows];
-                                let fill = |pn: &mut Panel, r0: usize| pn.fill(&w, r0);
-                                gemm_panels(
-                                    Int8Path::Amx,
-                                    step,
-                                    rows,
-                                    cols,
-                                    sz,
-                                    &x,
-                                    &mut out,
-                                    p,
-                                    &fill,
-                                    pair,
-                                );
                                 assert_eq!(
-                                    bits(&out),
+                                    panel_bits(Int8Path::Amx, step, &w, &x, p, pair),
                                     bits(&twin),
                                     "amx {step:?} {dtype:?} [{rows},{cols}] n={n} pair={pair} \
                                      threads={}",

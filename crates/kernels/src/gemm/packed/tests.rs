@@ -3,7 +3,7 @@
 use super::*;
 use crate::gemm::int8::gemm_i8_ref;
 use crate::gemm::int8::tests::{TYPES, cols_for};
-use crate::gemm::tests::{quantized as matrix, rand_vec as randn};
+use crate::gemm::tests::{quantized as matrix, rand_vec as randn, weight_ref};
 
 #[test]
 fn packed_rows_equal_the_int8_unpacker() {
@@ -12,12 +12,7 @@ fn packed_rows_equal_the_int8_unpacker() {
         for cols in cols_for(dtype) {
             let rows = 64;
             let m = matrix(dtype, rows, cols, cols as u64 + 11);
-            let w = WeightRef {
-                dtype,
-                bytes: &m,
-                rows,
-                cols,
-            };
+            let w = weight_ref(dtype, &m, rows, cols);
             let p = PackedMatrix::pack(w, Some(&pool)).unwrap();
             let rb = m.len() / rows;
             let mut got = vec![0f32; cols];
@@ -59,12 +54,7 @@ fn packed_gemv_and_gemm_match_the_int8_twin_on_awkward_shapes() {
         for cols in cols_for(dtype) {
             for rows in [32usize, 96] {
                 let m = matrix(dtype, rows, cols, (rows * 5 + cols) as u64);
-                let w = WeightRef {
-                    dtype,
-                    bytes: &m,
-                    rows,
-                    cols,
-                };
+                let w = weight_ref(dtype, &m, rows, cols);
                 let p = PackedMatrix::pack(w, None).unwrap();
                 for n in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 13, 33] {
                     let xf = randn(n * cols, n as u64 + 9);
@@ -156,12 +146,7 @@ fn gemv_rows_equal_each_row_alone_bit_for_bit() {
         let cols = cols_for(dtype)[0];
         for rows in [32usize, 96, 1024] {
             let m = matrix(dtype, rows, cols, (rows + 3 * cols) as u64);
-            let w = WeightRef {
-                dtype,
-                bytes: &m,
-                rows,
-                cols,
-            };
+            let w = weight_ref(dtype, &m, rows, cols);
             let p = PackedMatrix::pack(w, None).unwrap();
             for n in [1usize, 2, 3, 5, 7, 8, 9, 12, 16, 17] {
                 let xf = randn(n * cols, (n * 31 + rows) as u64);
