@@ -56,6 +56,17 @@ pub fn decode_splits_bound(n_ctx: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// The decode splits a graphed pass launches for rows that need at most `need` splits, in a
+/// pool of `n_ctx` positions: `need` rounded up to a power of two, but never past what the
+/// pool's deepest position needs ([`decode_splits_bound`]), and never under `need`. The
+/// combine reads only each row's own splits, so the extra blocks change no result.
+fn graph_splits(need: usize, n_ctx: usize) -> usize {
+    need.max(1)
+        .next_power_of_two()
+        .min(decode_splits_bound(n_ctx))
+        .max(need)
+}
+
 /// Most bytes of decode partials a graphed batch may hold (its splits are sized for the
 /// pool's deepest position, not its own).
 const GRAPH_PARTIALS: usize = 64 << 20;
@@ -209,17 +220,18 @@ impl Gpu {
         let scale = params.scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let bt = batch_table(seqs, n, block_size, kv.n_ctx)?;
         // A pass of decode rows only is graphed (see the recorder) when its matmuls are
-        // graphable: the GEMVs, MMQ, or cuBLAS with `gemm_graphs`. It takes
-        // the splits of the deepest position the pool holds, so its launches do not change
-        // with the depth, if those partials stay under `GRAPH_PARTIALS`; other passes take
-        // what their rows need.
-        let bound = decode_splits_bound(kv.n_ctx).max(bt.max_splits);
+        // graphable: the GEMVs, MMQ, or cuBLAS with `gemm_graphs`. Its launches must then not
+        // change from step to step, so it takes the splits of a power-of-two bucket over its
+        // rows' deepest need (`graph_splits`): a graph is captured once per bucket, not once
+        // per step, and a shallow batch in a deep pool does not pay for the pool's depth. The
+        // partials must stay under `GRAPH_PARTIALS`; other passes take what their rows need.
+        let bucket = graph_splits(bt.max_splits, kv.n_ctx);
         let graphed = bt.n_dec == n
             && (self.gemv_takes(n)
                 || self.mmq_takes(n)
                 || self.gemm_graphs.load(Ordering::Relaxed))
-            && n * n_head * bound * (hd * 4 + 8) <= GRAPH_PARTIALS;
-        let n_split = if graphed { bound } else { bt.max_splits };
+            && n * n_head * bucket * (hd * 4 + 8) <= GRAPH_PARTIALS;
+        let n_split = if graphed { bucket } else { bt.max_splits };
         if n_split > 65535 || bt.n_dec > 65535 {
             return Err(shape_err(format!(
                 "{} decode rows of {n_split} splits",
@@ -464,6 +476,21 @@ mod tests {
             assert_eq!(decode_splits_bound(n), best, "n_ctx {n}");
         }
         assert_eq!(decode_splits_bound(0), 0);
+        // Graphed passes: a power-of-two bucket over the need, within the pool's bound.
+        let bound = decode_splits_bound(24_576);
+        assert_eq!(bound, 96);
+        for (need, want) in [
+            (0, 1),
+            (1, 1),
+            (3, 4),
+            (17, 32),
+            (33, 64),
+            (65, 96),
+            (96, 96),
+        ] {
+            assert_eq!(graph_splits(need, 24_576), want, "need {need}");
+        }
+        assert_eq!(graph_splits(130, 24_576), 130);
         assert_eq!(decode_splits_bound(1 << 20), (1 << 20) / 256);
     }
 
