@@ -1,6 +1,7 @@
 //! `--cache-type` and llama.cpp's `-ctk`/`-ctv` (`--cache-type-k`/`--cache-type-v`) through
 //! the real binary: the spellings agree, disagreeing or unknown types are clear errors, `bench`
-//! reports the type, `serve --help` says what `-c` and `--cache-type` mean.
+//! reports the type, `serve --help` says what `-c` and `--cache-type` mean. Also `bench --npl`
+//! (sequences in parallel over the shared paged cache), whose cache is the same kind.
 //!
 //! The model is `$DAMASCUS_TEST_MODEL`, else the binary's default model (pulled on first use).
 
@@ -88,6 +89,36 @@ fn bench_reports_the_cache_type() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
     assert_eq!(v["type_k"], "q8_0", "{v}");
     assert_eq!(v["type_v"], "q8_0", "{v}");
+}
+
+#[test]
+fn bench_runs_sequences_in_parallel() {
+    let out = run(&[
+        "bench", "-p", "8", "-n", "3", "-d", "5", "--npl", "1,3", "-r", "1", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
+    let tests = v["tests"].as_array().expect("tests");
+    let names: Vec<&str> = tests.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["pp8 @ d5", "pp8 x3 @ d5", "tg3 @ d5", "tg3 x3 @ d5"],
+        "{v}"
+    );
+    for t in tests {
+        let ts = t["samples_ts"][0].as_f64().expect("a sample");
+        assert!(ts.is_finite() && ts > 0.0, "{t}");
+    }
+    assert_eq!(tests[3]["n_parallel"], 3, "{v}");
+    // Zero sequences is a clear error, not a panic.
+    let out = run(&["bench", "-p", "8", "-n", "0", "--npl", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--npl") && !err.contains("panicked"), "{err}");
 }
 
 #[test]

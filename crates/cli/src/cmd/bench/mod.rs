@@ -6,11 +6,16 @@
 //! * With `-d D` (llama-bench's depth), both run after `D` random tokens already in the cache
 //!   (`pp512 @ d4096`): the cache is filled once per test, untimed, and cut back to `D` before
 //!   every run.
+//! * With `--npl N` (llama-batched-bench's parallel sequences), `N` sequences run together over
+//!   one shared paged cache, one batched pass per step (`pp512 x8`, `tg128 x8`; see
+//!   [`parallel`]); their tokens/second count every sequence's tokens.
 //!
 //! Each test runs once as a warm-up (not recorded), then `-r` times; the table gives the median,
 //! p5/p95 and standard deviation of the per-run tokens/second. `--json` lists every test by name
 //! (`pp512`, `tg128`) with its per-run samples (`samples_ts`, `samples_ns`, as llama-bench
 //! names them) and the process's peak RSS.
+
+mod parallel;
 
 use std::time::Instant;
 
@@ -48,6 +53,16 @@ pub struct Args {
         default_value = "0"
     )]
     n_depth: Vec<usize>,
+    /// Sequences run together, one batched forward pass per step over a shared paged KV
+    /// cache, as the server batches concurrent requests (comma-separated; llama-batched-bench's
+    /// `-npl`). Throughput counts every sequence's tokens.
+    #[arg(
+        long = "npl",
+        visible_alias = "n-parallel",
+        value_delimiter = ',',
+        default_value = "1"
+    )]
+    n_parallel: Vec<usize>,
     /// Recorded repetitions of each test (after one warm-up run).
     #[arg(short = 'r', long = "repetitions", default_value_t = 10)]
     repetitions: usize,
@@ -72,6 +87,7 @@ impl Default for Args {
             n_prompt: vec![512],
             n_gen: vec![128],
             n_depth: vec![0],
+            n_parallel: vec![1],
             repetitions: 10,
             threads: None,
             reference: false,
@@ -90,23 +106,28 @@ enum Kind {
     Gen(usize),
 }
 
-/// One test to run: its kind, after `depth` tokens already in the cache.
+/// One test to run: its kind, after `depth` tokens already in the cache, for `parallel`
+/// sequences at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Test {
     kind: Kind,
     depth: usize,
+    parallel: usize,
 }
 
 /// Tokens per forward pass while filling the cache to a test's depth.
 const FILL_CHUNK: usize = 2048;
 
 impl Test {
-    /// llama-bench's spelling: `pp512`, `tg128`, `tg128 @ d4096`.
+    /// llama-bench's spelling: `pp512`, `tg128`, `tg128 @ d4096`; `tg128 x8` for 8 sequences.
     fn name(self) -> String {
-        let base = match self.kind {
+        let mut base = match self.kind {
             Kind::Prompt(n) => format!("pp{n}"),
             Kind::Gen(n) => format!("tg{n}"),
         };
+        if self.parallel > 1 {
+            base += &format!(" x{}", self.parallel);
+        }
         if self.depth > 0 {
             format!("{base} @ d{}", self.depth)
         } else {
@@ -114,6 +135,7 @@ impl Test {
         }
     }
 
+    /// Tokens of one sequence.
     fn n_tokens(self) -> usize {
         match self.kind {
             Kind::Prompt(n) | Kind::Gen(n) => n,
@@ -177,6 +199,11 @@ impl Rng {
         let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
         (r % n.max(1) as u64) as u32
     }
+
+    /// `n` random ids below `n_vocab`.
+    fn ids(&mut self, n: usize, n_vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next_below(n_vocab)).collect()
+    }
 }
 
 /// Fills `session` with `depth` random tokens (untimed), in passes of [`FILL_CHUNK`].
@@ -187,7 +214,7 @@ fn fill(
     n_vocab: usize,
 ) -> anyhow::Result<()> {
     session.reset();
-    let ids: Vec<u32> = (0..depth).map(|_| rng.next_below(n_vocab)).collect();
+    let ids = rng.ids(depth, n_vocab);
     for chunk in ids.chunks(FILL_CHUNK) {
         session.eval(chunk)?;
     }
@@ -204,9 +231,7 @@ fn run_once(
 ) -> anyhow::Result<u64> {
     session.truncate(test.depth);
     // [n] token ids, drawn before the clock starts.
-    let ids: Vec<u32> = (0..test.n_tokens())
-        .map(|_| rng.next_below(n_vocab))
-        .collect();
+    let ids = rng.ids(test.n_tokens(), n_vocab);
     let t0 = Instant::now();
     match test.kind {
         Kind::Prompt(_) => {
@@ -220,6 +245,33 @@ fn run_once(
         }
     }
     Ok(t0.elapsed().as_nanos() as u64)
+}
+
+/// Runs one-sequence `test` once as a warm-up and `reps` times on a session of its own;
+/// returns each run's elapsed nanoseconds.
+fn samples(
+    model: &Model,
+    test: Test,
+    reps: usize,
+    rng: &mut Rng,
+    n_vocab: usize,
+) -> anyhow::Result<Vec<u64>> {
+    let mut session = model.session_with_n_ctx(test.depth + test.n_tokens())?;
+    if test.depth > 0 {
+        eprint!("{}: filling {} tokens,", test.name(), test.depth);
+        fill(&mut session, test.depth, rng, n_vocab)?;
+    } else {
+        session.reset();
+    }
+    eprint!("{}: warm-up", test.name());
+    run_once(&mut session, test, rng, n_vocab)?;
+    let mut samples_ns = Vec::with_capacity(reps);
+    for r in 0..reps {
+        eprint!(" {}", r + 1);
+        samples_ns.push(run_once(&mut session, test, rng, n_vocab)?.max(1));
+    }
+    eprintln!();
+    Ok(samples_ns)
 }
 
 /// Peak resident set size of this process in bytes (`VmHWM`), if the OS reports it.
@@ -246,6 +298,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.threads == Some(0) {
         bail!("-t must be at least 1");
     }
+    if args.n_parallel.contains(&0) {
+        bail!("--npl must be at least 1");
+    }
     let kinds: Vec<Kind> = args
         .n_prompt
         .iter()
@@ -258,7 +313,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let tests: Vec<Test> = kinds
         .iter()
-        .flat_map(|&kind| args.n_depth.iter().map(move |&depth| Test { kind, depth }))
+        .flat_map(|&kind| args.n_depth.iter().map(move |&depth| (kind, depth)))
+        .flat_map(|(kind, depth)| {
+            args.n_parallel.iter().map(move |&parallel| Test {
+                kind,
+                depth,
+                parallel,
+            })
+        })
         .collect();
     let path = args.model.resolve()?;
     let n_ctx = tests
@@ -301,24 +363,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut outcomes = Vec::new();
     for &test in &tests {
-        let mut session = model.session_with_n_ctx(test.depth + test.n_tokens())?;
-        if test.depth > 0 {
-            eprint!("{}: filling {} tokens,", test.name(), test.depth);
-            fill(&mut session, test.depth, &mut rng, n_vocab)?;
+        let samples_ns = if test.parallel > 1 {
+            parallel::samples(&model, test, args.repetitions, &mut rng, n_vocab)?
         } else {
-            session.reset();
-        }
-        eprint!("{}: warm-up", test.name());
-        run_once(&mut session, test, &mut rng, n_vocab)?;
-        let mut samples_ns = Vec::with_capacity(args.repetitions);
-        for r in 0..args.repetitions {
-            eprint!(" {}", r + 1);
-            samples_ns.push(run_once(&mut session, test, &mut rng, n_vocab)?.max(1));
-        }
-        eprintln!();
+            samples(&model, test, args.repetitions, &mut rng, n_vocab)?
+        };
         let samples_ts: Vec<f64> = samples_ns
             .iter()
-            .map(|&ns| test.n_tokens() as f64 * 1e9 / ns as f64)
+            .map(|&ns| (test.parallel * test.n_tokens()) as f64 * 1e9 / ns as f64)
             .collect();
         let stats = stats(&samples_ts);
         outcomes.push(Outcome {
@@ -343,6 +395,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "n_prompt": n_prompt,
                     "n_gen": n_gen,
                     "n_depth": o.test.depth,
+                    "n_parallel": o.test.parallel,
                     "samples_ns": o.samples_ns,
                     "samples_ts": o.samples_ts,
                     "avg_ts": o.stats.mean,
@@ -446,10 +499,19 @@ mod tests {
 
     #[test]
     fn test_names() {
-        let t = |kind, depth| Test { kind, depth };
+        let t = |kind, depth| Test {
+            kind,
+            depth,
+            parallel: 1,
+        };
         assert_eq!(t(Kind::Prompt(512), 0).name(), "pp512");
         assert_eq!(t(Kind::Gen(128), 0).name(), "tg128");
         assert_eq!(t(Kind::Gen(128), 4096).name(), "tg128 @ d4096");
+        let x8 = Test {
+            parallel: 8,
+            ..t(Kind::Gen(128), 4096)
+        };
+        assert_eq!(x8.name(), "tg128 x8 @ d4096");
         assert_eq!(t(Kind::Prompt(512), 16384).n_tokens(), 512);
     }
 
