@@ -239,6 +239,18 @@ fn error_lines_are_clear() {
     assert_eq!(err.matches("os error").count(), 1, "{err}");
     let (_, err) = ok(&["generate", "-p", "Hi", "-n", "1", "-c", "10000000"], None);
     assert!(err.contains("above the model's training context"), "{err}");
+    // A KV cache no machine here could hold: a clear error, not the allocator's abort.
+    for (depth, npl) in [("100000000000", "1"), ("10000000000", "2")] {
+        let args = [
+            "bench", "-p", "0", "-n", "1", "-r", "1", "-d", depth, "--npl", npl,
+        ];
+        let err = fails(&args);
+        assert!(
+            err.contains("KV cache") && err.contains("memory and swap"),
+            "{err}"
+        );
+        assert!(!err.contains("memory allocation of"), "{err}");
+    }
 }
 
 /// B7: SIGTERM and SIGHUP during `quantize` leave no temporary file and no output behind.

@@ -598,6 +598,17 @@ fn read_caches(dir: &std::path::Path) -> Vec<CacheInfo> {
     out
 }
 
+/// Bytes of memory and swap this machine has (`MemTotal + SwapTotal` of `/proc/meminfo`), if
+/// the OS reports them: more than that, one process's allocations can never be backed.
+pub fn host_memory_bytes() -> Option<u64> {
+    host_memory_of(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn host_memory_of(meminfo: &str) -> Option<u64> {
+    let total = meminfo_kib(meminfo, "MemTotal")?;
+    Some((total + meminfo_kib(meminfo, "SwapTotal").unwrap_or(0)) * 1024)
+}
+
 fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
     meminfo.lines().find_map(|l| {
         let rest = l.strip_prefix(key)?.strip_prefix(':')?;
@@ -728,6 +739,14 @@ mod tests {
         let ci = "processor\t: 0\nmodel name\t: Foo CPU\nphysical id\t: 0\ncore id\t: 0\n\nprocessor\t: 1\nphysical id\t: 0\ncore id\t: 0\n\nprocessor\t: 2\nphysical id\t: 0\ncore id\t: 1\n";
         assert_eq!(count_cores(ci), Some(2));
         assert_eq!(proc_field(ci, "model name").as_deref(), Some("Foo CPU"));
+    }
+
+    #[test]
+    fn host_memory_adds_swap() {
+        let mi = "MemTotal: 2 kB\nSwapTotal:  3 kB\nMemAvailable: 1 kB\n";
+        assert_eq!(host_memory_of(mi), Some(5 * 1024));
+        assert_eq!(host_memory_of("MemTotal: 2 kB\n"), Some(2 * 1024));
+        assert_eq!(host_memory_of("SwapTotal: 2 kB\n"), None);
     }
 
     #[test]

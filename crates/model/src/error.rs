@@ -72,6 +72,21 @@ pub enum ModelError {
         /// Why it cannot be used, and what to use instead.
         why: String,
     },
+    /// A KV cache in host memory larger than the machine's memory and swap.
+    #[error(
+        "a KV cache of {positions} positions ({cache_type}) takes {need_gib:.1} GiB, more than \
+         this machine's {have_gib:.1} GiB of memory and swap: lower the context (-c, or -d in bench)"
+    )]
+    KvTooLarge {
+        /// Positions asked for.
+        positions: usize,
+        /// The cache's element type (`f16`, ...).
+        cache_type: String,
+        /// GiB the cache would take.
+        need_gib: f64,
+        /// GiB of memory and swap the machine has.
+        have_gib: f64,
+    },
     /// A kernel rejected its data (e.g. an unsupported weight type).
     #[error(transparent)]
     Kernel(#[from] damascus_kernels::reference::KernelError),

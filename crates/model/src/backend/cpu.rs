@@ -540,6 +540,7 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<CpuKvCache, ModelError> {
+        shape.check_host_memory()?;
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
         // Zeroed allocations are lazily backed by the OS: only touched pages cost memory.
         let store = match shape.cache_type {

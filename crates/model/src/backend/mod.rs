@@ -151,6 +151,26 @@ impl KvShape {
         self.n_ctx.saturating_mul(self.bytes_per_slot())
     }
 
+    /// A clear error when a cache of this shape in host memory could never be backed: more
+    /// bytes than the machine's memory and swap (the allocator would abort the process).
+    /// Below that the zeroed allocations stay lazy, so only the positions used cost memory.
+    pub fn check_host_memory(&self) -> Result<(), ModelError> {
+        let Some(have) = damascus_kernels::cpu::host_memory_bytes() else {
+            return Ok(());
+        };
+        let need = self.bytes() as u64;
+        if need > have {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Err(ModelError::KvTooLarge {
+                positions: self.n_ctx,
+                cache_type: self.cache_type.name().into(),
+                need_gib: gib(need),
+                have_gib: gib(have),
+            });
+        }
+        Ok(())
+    }
+
     /// A clear error when the element type cannot hold this geometry (q8_0 needs whole
     /// 32-value blocks per head row).
     pub fn check_cache_type(&self) -> Result<(), ModelError> {

@@ -241,6 +241,7 @@ impl Backend for ReferenceBackend {
 
     fn new_kv_cache(&self, shape: KvShape) -> Result<HostKvCache, ModelError> {
         shape.check_cache_type()?;
+        shape.check_host_memory()?;
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
         // Zeroed allocations are lazily backed by the OS: only used positions cost memory.
         Ok(HostKvCache {

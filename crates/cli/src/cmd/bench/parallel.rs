@@ -35,7 +35,12 @@ impl Batch {
         let n_blocks = n_seq
             .checked_mul(per)
             .filter(|&b| u32::try_from(b).is_ok())
-            .with_context(|| format!("--npl {n_seq} sequences of {n_pos} positions"))?;
+            .with_context(|| {
+                format!(
+                    "--npl {n_seq} sequences of {n_pos} positions: more than 2^32 cache blocks \
+                     of {BLOCK}"
+                )
+            })?;
         let cache = model.paged_cache(n_blocks, BLOCK)?;
         let tables = (0..n_seq)
             .map(|s| (s * per..(s + 1) * per).map(|b| b as u32).collect())
