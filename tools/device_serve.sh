@@ -9,6 +9,9 @@
 #   llama.tgz    a trimmed llama.cpp source tree (top directory `llama.cpp`)
 #   tok.txz      tar.xz of tokenizers/llama3.2/tokenizer.json (for `damascus synth`)
 # Environment: STREAMS (default 1,8,32), ROUNDS (default 2), NP (llama-server -np, default 32).
+# Pack with tools/device_pack.sh where NVRTC 13.0 is unpacked (PyPI `nvidia-cuda-nvrtc==13.0.88`,
+# its nvidia/cu13/lib as NVRTC_LIB): tok.txz then carries the kernels' PTX, and a fresh machine
+# skips the ~90 s kernel compile in its first process.
 set -uo pipefail
 STREAMS=${STREAMS:-1,8,32}
 ROUNDS=${ROUNDS:-2}
@@ -40,6 +43,8 @@ M=/tmp/l3b.gguf
 for r in 1 2 3; do for b in damascus-base damascus; do
   echo "$b round $r: $(/tmp/b/$b bench --backend cuda -m $M -p 0 -n 128 -r 3 --json 2>/dev/null | tr -d ' \n' | grep -o '"median_ts":[0-9.]*')"
 done; done | tee "$OUT/tg128.txt"
+# The batched step alone, per batch size (no HTTP): every sequence at depth 512.
+/tmp/b/damascus bench --backend cuda -m $M -p 0 -n 64 -d 512 --npl 1,8,16,32 -r 3 2>/dev/null | tee "$OUT/npl.txt"
 wait $BUILD; cat "$OUT/llama-build.txt" | head -1
 CTX=$((NP * 768))
 /tmp/b/damascus serve --backend cuda -m $M --alias default --port 8181 --parallel "$NP" -c "$CTX" > "$OUT/damascus-serve.log" 2>&1 &
