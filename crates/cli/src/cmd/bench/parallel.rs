@@ -16,8 +16,8 @@ use damascus_model::batch::{PagedCache, SeqInput};
 
 use super::{FILL_CHUNK, Kind, Rng, Test};
 
-/// Positions per cache block (the server's block size).
-const BLOCK: usize = 16;
+/// Positions per cache block: the server's.
+const BLOCK: usize = damascus_server::engine::BLOCK_SIZE;
 /// Most tokens one prefill pass carries.
 const PASS_TOKENS: usize = FILL_CHUNK;
 
