@@ -23,6 +23,20 @@ fn run(args: &[&str]) -> Output {
         .expect("running damascus")
 }
 
+/// The document `bench ARGS --json` prints (it must succeed).
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = run(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("bench --json")
+}
+
 /// The greedy text of `generate --json` with `flags`.
 fn greedy(flags: &[&str]) -> String {
     let mut args = vec![
@@ -78,30 +92,16 @@ fn disagreeing_or_unknown_types_are_clear_errors() {
 
 #[test]
 fn bench_reports_the_cache_type() {
-    let out = run(&[
-        "bench", "-p", "0", "-n", "2", "-r", "1", "-ctk", "q8_0", "-ctv", "q8_0", "--json",
+    let v = bench_json(&[
+        "-p", "0", "-n", "2", "-r", "1", "-ctk", "q8_0", "-ctv", "q8_0",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
     assert_eq!(v["type_k"], "q8_0", "{v}");
     assert_eq!(v["type_v"], "q8_0", "{v}");
 }
 
 #[test]
 fn bench_runs_sequences_in_parallel() {
-    let out = run(&[
-        "bench", "-p", "8", "-n", "3", "-d", "5", "--npl", "1,3", "-r", "1", "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
+    let v = bench_json(&["-p", "8", "-n", "3", "-d", "5", "--npl", "1,3", "-r", "1"]);
     let tests = v["tests"].as_array().expect("tests");
     let names: Vec<&str> = tests.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(

@@ -115,7 +115,8 @@ struct Test {
     parallel: usize,
 }
 
-/// Tokens per forward pass while filling the cache to a test's depth.
+/// Most tokens per forward pass while filling the cache to a test's depth, and per prefill
+/// pass of `--npl` prompts.
 const FILL_CHUNK: usize = 2048;
 
 impl Test {
@@ -221,6 +222,24 @@ fn fill(
     Ok(())
 }
 
+/// Runs `run` once as `test`'s warm-up and `reps` times more, printing progress; returns each
+/// recorded run's nanoseconds (at least 1).
+fn timed_runs(
+    test: Test,
+    reps: usize,
+    mut run: impl FnMut() -> anyhow::Result<u64>,
+) -> anyhow::Result<Vec<u64>> {
+    eprint!("{}: warm-up", test.name());
+    run()?;
+    let mut samples_ns = Vec::with_capacity(reps);
+    for r in 0..reps {
+        eprint!(" {}", r + 1);
+        samples_ns.push(run()?.max(1));
+    }
+    eprintln!();
+    Ok(samples_ns)
+}
+
 /// Runs `test` once on a session cut back to the test's depth (filled by [`fill`]); returns
 /// the elapsed nanoseconds.
 fn run_once(
@@ -263,15 +282,7 @@ fn samples(
     } else {
         session.reset();
     }
-    eprint!("{}: warm-up", test.name());
-    run_once(&mut session, test, rng, n_vocab)?;
-    let mut samples_ns = Vec::with_capacity(reps);
-    for r in 0..reps {
-        eprint!(" {}", r + 1);
-        samples_ns.push(run_once(&mut session, test, rng, n_vocab)?.max(1));
-    }
-    eprintln!();
-    Ok(samples_ns)
+    timed_runs(test, reps, || run_once(&mut session, test, rng, n_vocab))
 }
 
 /// Peak resident set size of this process in bytes (`VmHWM`), if the OS reports it.

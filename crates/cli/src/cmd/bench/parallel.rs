@@ -3,7 +3,7 @@
 //! llama.cpp's `llama-batched-bench -npl`).
 //!
 //! * `ppP xN`: N prompts of P random tokens each, prefilled together (passes of at most
-//!   [`PASS_TOKENS`] tokens), the greedy pick of each prompt's last token on the backend.
+//!   [`FILL_CHUNK`] tokens), the greedy pick of each prompt's last token on the backend.
 //! * `tgT xN`: T decode steps of all N sequences, one token each per step, greedy picks.
 //!
 //! Throughput counts every sequence's tokens: N · P (or N · T) over the run's time. With `-d D`
@@ -14,12 +14,12 @@ use anyhow::{Context, bail};
 use damascus_model::Model;
 use damascus_model::batch::{PagedCache, SeqInput};
 
-use super::{FILL_CHUNK, Kind, Rng, Test};
+use std::time::Instant;
+
+use super::{FILL_CHUNK, Kind, Rng, Test, timed_runs};
 
 /// Positions per cache block: the server's.
 const BLOCK: usize = damascus_server::engine::BLOCK_SIZE;
-/// Most tokens one prefill pass carries.
-const PASS_TOKENS: usize = FILL_CHUNK;
 
 /// N sequences over one paged cache, each with its own run of blocks.
 struct Batch {
@@ -49,12 +49,12 @@ impl Batch {
     }
 
     /// Writes `ids[s]` at positions `pos0..` of every sequence `s`, in passes of at most
-    /// [`PASS_TOKENS`] tokens (chunks of several sequences side by side); with `pick`, each
+    /// [`FILL_CHUNK`] tokens (chunks of several sequences side by side); with `pick`, each
     /// sequence's last chunk asks for its greedy pick.
     fn prefill(&mut self, ids: &[Vec<u32>], pos0: usize, pick: bool) -> anyhow::Result<()> {
         let mut done = vec![0usize; ids.len()];
         loop {
-            let mut budget = PASS_TOKENS;
+            let mut budget = FILL_CHUNK;
             let mut seqs = Vec::new();
             let mut took = Vec::new();
             for (s, ids) in ids.iter().enumerate() {
@@ -127,32 +127,23 @@ pub(super) fn samples(
         let fill: Vec<Vec<u32>> = (0..n_seq).map(|_| rng.ids(test.depth, n_vocab)).collect();
         batch.prefill(&fill, 0, false)?;
     }
-    eprint!("{}: warm-up", test.name());
-    let mut out = Vec::with_capacity(reps);
-    for r in 0..=reps {
-        if r > 0 {
-            eprint!(" {r}");
-        }
-        let ns = match test.kind {
+    timed_runs(test, reps, || {
+        let t0 = match test.kind {
             Kind::Prompt(n) => {
                 let ids: Vec<Vec<u32>> = (0..n_seq).map(|_| rng.ids(n, n_vocab)).collect();
-                let t0 = std::time::Instant::now();
+                let t0 = Instant::now();
                 batch.prefill(&ids, test.depth, true)?;
-                t0.elapsed()
+                t0
             }
             Kind::Gen(n) => {
                 let ids: Vec<Vec<u32>> = (0..n).map(|_| rng.ids(n_seq, n_vocab)).collect();
-                let t0 = std::time::Instant::now();
+                let t0 = Instant::now();
                 for (i, step) in ids.iter().enumerate() {
                     batch.step(step, test.depth + i)?;
                 }
-                t0.elapsed()
+                t0
             }
         };
-        if r > 0 {
-            out.push((ns.as_nanos() as u64).max(1));
-        }
-    }
-    eprintln!();
-    Ok(out)
+        Ok(t0.elapsed().as_nanos() as u64)
+    })
 }
