@@ -2,7 +2,10 @@
 //! many sequences spend most of their time here): each key and value row of a KV head is
 //! loaded and widened from f16 once for all the query heads that share it, each head's dot
 //! product runs in one 16-lane AVX-512 accumulator, and the group's output rows stay in
-//! registers across the positions.
+//! registers across the positions. Four positions' dot products are summed together (one
+//! shuffle network for up to 16 sums, as the tiled prompt kernel), the rows' offsets are
+//! worked out once per (token, KV head) block by block, and rows 64 positions ahead are
+//! prefetched (a sequence's blocks are scattered over the pool).
 //!
 //! The results are those of [`crate::attn_paged::attn_paged_f16`] **bit for bit**: every
 //! score, softmax and output element goes through the same operations in the same order (a
@@ -50,6 +53,15 @@ pub fn fast_path(shape: PagedShape) -> bool {
         && Isa::Avx512.is_available()
 }
 
+/// A thread's buffers, reused from unit to unit (every element a unit reads it wrote first).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Scores, then weights, `[group, positions]`.
+    scores: Vec<f32>,
+    /// Element offset of each visible position's row in the pools, `[positions]`.
+    rows: Vec<usize>,
+}
+
 /// (query, KV head) units over `pool`, each computed by one thread in one order.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn run<R: KvRows>(
@@ -65,41 +77,40 @@ pub(crate) fn run<R: KvRows>(
     let width = shape.n_head * shape.head_dim;
     let span = group * shape.head_dim;
     let n_units = queries.len() * shape.n_head_kv;
-    let unit = |u: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+    let unit = |u: usize, o: &mut [f32], scratch: &mut Scratch| {
         let (t, kvh) = (u / shape.n_head_kv, u % shape.n_head_kv);
         let qg = &q[t * width + kvh * span..][..span];
         // SAFETY: AVX-512F/AVX2/FMA/F16C are available (`fast_path`); the shapes were checked.
-        unsafe { x86::kv_head(qg, k, v, shape, &queries[t], kvh, o, scores) };
+        unsafe { x86::kv_head(qg, k, v, shape, &queries[t], kvh, o, scratch) };
     };
     let Some(pool) = pool.filter(|p| p.n_threads() > 1 && n_units > 1) else {
-        let mut scores = Vec::new();
+        let mut scratch = Scratch::default();
         for (u, o) in out.chunks_exact_mut(span).enumerate() {
-            unit(u, o, &mut scores);
+            unit(u, o, &mut scratch);
         }
         return;
     };
     // Units handed out one at a time: a descheduled thread delays the step by one unit.
-    pool.for_each_chunk_mut(out, span, &|u, o| unit(u, o, &mut Vec::new()));
+    let units: Vec<&mut [f32]> = out.chunks_exact_mut(span).collect();
+    pool.for_each_task_with(units, &Scratch::default, &unit);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use core::arch::x86_64::*;
 
-    use super::MAX_G;
+    use super::{MAX_G, Scratch};
+    use crate::attn_decode::softmax_avx512;
     use crate::attn_kv::KvRows;
     use crate::attn_paged::{PagedQuery, PagedShape};
-
-    /// Element offset of position `p`, KV head `kvh` (as `PagedShape::offset`).
-    #[inline(always)]
-    fn offset(sh: &PagedShape, table: &[u32], p: usize, kvh: usize) -> usize {
-        let slot = table[p / sh.block_size] as usize * sh.block_size + p % sh.block_size;
-        (kvh * sh.n_slots + slot) * sh.head_dim
-    }
+    use crate::attn_paged_tiled::avx512::hsum16;
 
     /// Positions ahead whose rows are prefetched: blocks of a sequence are scattered over the
     /// pool, so the hardware prefetcher loses the stream at every block edge.
-    const PF: usize = 32;
+    const PF: usize = 64;
+
+    /// Positions whose scores one step computes together (their 4·G sums in one [`hsum16`]).
+    const NK: usize = 4;
 
     /// The AVX2 kernels' horizontal sum, operation for operation.
     #[inline(always)]
@@ -109,6 +120,21 @@ mod x86 {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+
+    /// The element offsets of positions `lo..hi` of KV head `kvh` into `rows`, block by block
+    /// (as `PagedShape::offset`, without a division per position).
+    fn row_offsets(sh: &PagedShape, pq: &PagedQuery<'_>, kvh: usize, rows: &mut Vec<usize>) {
+        rows.clear();
+        let bs = sh.block_size;
+        let mut p = pq.lo;
+        while p < pq.hi {
+            let (b, within) = (p / bs, p % bs);
+            let end = ((b + 1) * bs).min(pq.hi);
+            let base = (kvh * sh.n_slots + pq.table[b] as usize * bs) * sh.head_dim;
+            rows.extend((within..within + end - p).map(|j| base + j * sh.head_dim));
+            p = end;
         }
     }
 
@@ -128,28 +154,33 @@ mod x86 {
         pq: &PagedQuery<'_>,
         kvh: usize,
         out: &mut [f32],
-        scores: &mut Vec<f32>,
+        scratch: &mut Scratch,
     ) {
         let group = sh.n_head / sh.n_head_kv;
         let n = pq.hi - pq.lo;
+        let Scratch { scores, rows } = scratch;
+        row_offsets(&sh, pq, kvh, rows);
         scores.clear();
         scores.resize(group * n, 0.0); // [group, n]
         let mut g0 = 0;
         while g0 < group {
             let gn = (group - g0).min(MAX_G);
-            // SAFETY: forwarded; heads g0..g0 + gn lie in qg/out, scores holds [group, n].
+            // SAFETY: forwarded; heads g0..g0 + gn lie in qg/out, scores holds [group, n],
+            // rows holds n offsets of rows inside the pools.
             unsafe {
                 match gn {
-                    1 => scores_g::<1, R>(qg, k, sh, pq, kvh, g0, scores),
-                    2 => scores_g::<2, R>(qg, k, sh, pq, kvh, g0, scores),
-                    3 => scores_g::<3, R>(qg, k, sh, pq, kvh, g0, scores),
-                    _ => scores_g::<4, R>(qg, k, sh, pq, kvh, g0, scores),
+                    1 => scores_g::<1, R>(qg, k, sh.head_dim, pq.scale, rows, g0, scores),
+                    2 => scores_g::<2, R>(qg, k, sh.head_dim, pq.scale, rows, g0, scores),
+                    3 => scores_g::<3, R>(qg, k, sh.head_dim, pq.scale, rows, g0, scores),
+                    _ => scores_g::<4, R>(qg, k, sh.head_dim, pq.scale, rows, g0, scores),
                 }
             }
             g0 += gn;
         }
         for s in scores.chunks_exact_mut(n) {
-            crate::attn_decode::softmax(true, s);
+            // SAFETY: AVX-512F/AVX2/FMA/F16C available (this function's features); the
+            // same bits as `softmax(true, ..)`, which the per-token kernel runs.
+            unsafe { softmax_avx512(s) };
         }
         let mut g0 = 0;
         while g0 < group {
@@ -157,18 +188,20 @@ mod x86 {
             // SAFETY: as above.
             unsafe {
                 match gn {
-                    1 => values_g::<1, R>(v, sh, pq, kvh, g0, scores, out),
-                    2 => values_g::<2, R>(v, sh, pq, kvh, g0, scores, out),
-                    3 => values_g::<3, R>(v, sh, pq, kvh, g0, scores, out),
-                    _ => values_g::<4, R>(v, sh, pq, kvh, g0, scores, out),
+                    1 => values_g::<1, R>(v, sh.head_dim, rows, g0, scores, out),
+                    2 => values_g::<2, R>(v, sh.head_dim, rows, g0, scores, out),
+                    3 => values_g::<3, R>(v, sh.head_dim, rows, g0, scores, out),
+                    _ => values_g::<4, R>(v, sh.head_dim, rows, g0, scores, out),
                 }
             }
             g0 += gn;
         }
     }
 
-    /// Scores of heads `g0..g0 + G` over every visible position: per head the AVX2
+    /// Scores of heads `g0..g0 + G` over every visible position (`rows`): per head the AVX2
     /// `dot_f16`'s two 8-lane chains as one 16-lane chain, then its sum and the scale.
+    /// [`NK`] positions at a time share one [`hsum16`] (the per-token sum's pairs, in its
+    /// order); the last `n % NK` positions are summed one by one.
     ///
     /// # Safety
     /// As [`kv_head`].
@@ -176,30 +209,62 @@ mod x86 {
     unsafe fn scores_g<const G: usize, R: KvRows>(
         qg: &[f32],
         k: R,
-        sh: PagedShape,
-        pq: &PagedQuery<'_>,
-        kvh: usize,
+        hd: usize,
+        scale: f32,
+        rows: &[usize],
         g0: usize,
         scores: &mut [f32],
     ) {
-        let hd = sh.head_dim;
-        let n = pq.hi - pq.lo;
+        let n = rows.len();
         let qp = qg.as_ptr();
         // SAFETY: rows of hd halves at checked offsets; q rows g0..g0+G of hd floats.
         unsafe {
-            for (i, p) in (pq.lo..pq.hi).enumerate() {
-                let kr = offset(&sh, pq.table, p, kvh);
-                if p + PF < pq.hi {
-                    k.prefetch(offset(&sh, pq.table, p + PF, kvh), hd);
+            let vscale = _mm512_set1_ps(scale);
+            let mut i = 0;
+            while i + NK <= n {
+                for j in 0..NK {
+                    if let Some(&r) = rows.get(i + j + PF) {
+                        k.prefetch(r, hd);
+                    }
                 }
-                let mut acc = [_mm512_setzero_ps(); G];
+                // acc[NK·key + row]: `hsum16`'s layout (rows past G stay zero).
+                let mut acc = [_mm512_setzero_ps(); 16];
                 let mut c = 0;
                 while c < hd {
                     // 32 elements (one q8_0 block: one scale), in the 16-lane chain's order.
+                    // (No closure here: it would not inherit this function's target features.)
+                    let mut kv = [[_mm512_setzero_ps(); 2]; NK];
+                    for (j, kv) in kv.iter_mut().enumerate() {
+                        *kv = k.load32(rows[i + j] + c);
+                    }
+                    for h in 0..2 {
+                        for g in 0..G {
+                            let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c + 16 * h));
+                            for (key, kv) in kv.iter().enumerate() {
+                                let a = &mut acc[NK * key + g];
+                                *a = _mm512_fmadd_ps(qv, kv[h], *a);
+                            }
+                        }
+                    }
+                    c += 32;
+                }
+                // Lane NK·row + key: head g0 + row, position i + key.
+                let mut sums = [0f32; 16];
+                _mm512_storeu_ps(sums.as_mut_ptr(), _mm512_mul_ps(hsum16(&acc), vscale));
+                for g in 0..G {
+                    scores[(g0 + g) * n + i..][..NK].copy_from_slice(&sums[NK * g..][..NK]);
+                }
+                i += NK;
+            }
+            while i < n {
+                let kr = rows[i];
+                let mut acc = [_mm512_setzero_ps(); G];
+                let mut c = 0;
+                while c < hd {
                     let kv = k.load32(kr + c);
-                    for (j, kv) in kv.iter().enumerate() {
+                    for (h, kv) in kv.iter().enumerate() {
                         for (g, a) in acc.iter_mut().enumerate() {
-                            let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c + 16 * j));
+                            let qv = _mm512_loadu_ps(qp.add((g0 + g) * hd + c + 16 * h));
                             *a = _mm512_fmadd_ps(qv, *kv, *a);
                         }
                     }
@@ -208,8 +273,9 @@ mod x86 {
                 for (g, a) in acc.iter().enumerate() {
                     let lo = _mm512_castps512_ps256(*a);
                     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-                    scores[(g0 + g) * n + i] = hsum(_mm256_add_ps(lo, hi)) * pq.scale;
+                    scores[(g0 + g) * n + i] = hsum(_mm256_add_ps(lo, hi)) * scale;
                 }
+                i += 1;
             }
         }
     }
@@ -222,27 +288,24 @@ mod x86 {
     #[inline(always)]
     unsafe fn values_g<const G: usize, R: KvRows>(
         v: R,
-        sh: PagedShape,
-        pq: &PagedQuery<'_>,
-        kvh: usize,
+        hd: usize,
+        rows: &[usize],
         g0: usize,
         scores: &[f32],
         out: &mut [f32],
     ) {
-        let hd = sh.head_dim;
-        let n = pq.hi - pq.lo;
+        let n = rows.len();
         let op = out.as_mut_ptr();
         // SAFETY: rows of hd halves at checked offsets; out rows g0..g0+G of hd floats.
         unsafe {
             for c0 in (0..hd).step_by(64) {
                 let mut acc = [[_mm512_setzero_ps(); 4]; G];
-                for (i, p) in (pq.lo..pq.hi).enumerate() {
-                    let vr = offset(&sh, pq.table, p, kvh) + c0;
-                    if p + PF < pq.hi {
-                        v.prefetch(offset(&sh, pq.table, p + PF, kvh) + c0, 64);
+                for (i, &r) in rows.iter().enumerate() {
+                    if let Some(&ahead) = rows.get(i + PF) {
+                        v.prefetch(ahead + c0, 64);
                     }
-                    let [v0, v1] = v.load32(vr);
-                    let [v2, v3] = v.load32(vr + 32);
+                    let [v0, v1] = v.load32(r + c0);
+                    let [v2, v3] = v.load32(r + c0 + 32);
                     let vv = [v0, v1, v2, v3];
                     for (g, a) in acc.iter_mut().enumerate() {
                         let s = _mm512_set1_ps(scores[(g0 + g) * n + i]);

@@ -44,7 +44,7 @@ pub(super) fn supports(shape: &PagedShape) -> bool {
 /// # Safety
 /// AVX-512F available.
 #[inline(always)]
-unsafe fn hsum16(a: &[__m512; 16]) -> __m512 {
+pub(crate) unsafe fn hsum16(a: &[__m512; 16]) -> __m512 {
     // SAFETY: register-only AVX-512F ops in an AVX-512F caller.
     unsafe {
         // x = lo8 + hi8 of each accumulator, two accumulators per register.
