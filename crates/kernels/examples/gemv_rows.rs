@@ -1,7 +1,7 @@
 //! Decode GEMV cost per step as the number of token rows grows (issue 26): a repacked matrix
 //! times `n` rows on one thread, in cache. A developer tool.
 //!
-//! `cargo run --release -p damascus-kernels --example gemv_rows -- [ROWS] [COLS] [TYPE]`
+//! `cargo run --release -p damascus-kernels --example gemv_rows -- [ROWS] [COLS] [TYPE] [COPIES]`
 
 use std::time::Instant;
 
@@ -36,8 +36,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows,
         cols,
     };
-    let m = PackedMatrix::pack(w, None)?;
-    let path = if Int8Path::Vnni.is_available() {
+    // `COPIES` > 1: that many packed copies cycled through, so the weights stream from
+    // memory as in a model whose weights exceed the last-level cache.
+    let copies: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+    let ms: Vec<PackedMatrix> = (0..copies.max(1))
+        .map(|_| PackedMatrix::pack(w, None))
+        .collect::<Result<_, _>>()?;
+    let path = if Int8Path::Vnni.is_available() && std::env::args().nth(5).is_none() {
         Int8Path::Vnni
     } else {
         Int8Path::Avx2
@@ -52,16 +57,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::hint::black_box(&xq);
     }
     println!("quantize [512, {cols}]: {:.1} us", best * 1e6);
-    for n in [1usize, 2, 4, 8, 16, 32] {
+    for n in [1usize, 2, 4, 8, 16, 32, 48, 64, 128] {
         let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
         let mut out = vec![0f32; n * rows];
         let reps = 2000;
         let mut best = f64::MAX;
         for _ in 0..5 {
             let t0 = Instant::now();
-            for _ in 0..reps {
+            for i in 0..reps {
                 let xq = QActs::new(&x, n, cols, None)?;
-                m.gemv_panels(path, &xq, 0..rows / 32, &mut out, rows)?;
+                ms[i % ms.len()].gemv_panels(path, &xq, 0..rows / 32, &mut out, rows)?;
             }
             best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
         }
@@ -70,8 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut best_gemm = f64::MAX;
         for _ in 0..5 {
             let t0 = Instant::now();
-            for _ in 0..reps {
-                m.gemm(path, &xq, &mut out, None)?;
+            for i in 0..reps {
+                ms[i % ms.len()].gemm(path, &xq, &mut out, None)?;
             }
             best_gemm = best_gemm.min(t0.elapsed().as_secs_f64() / reps as f64);
         }
