@@ -4,7 +4,8 @@
 #   .dev/b.txz      damascus (--features cuda) and the GPU test binaries, stripped, as b/test-<c|m>-NAME
 #                   (c: damascus-cuda's tests, m: damascus-model's)
 #   .dev/tok.txz    tokenizers/llama3.2/tokenizer.json (for `damascus synth` and the HF fixtures),
-#                   and cuda/damascus-compute_90-*.ptx (the kernels, compiled here)
+#                   and cuda/damascus-compute_90-*.ptx (the kernels, compiled here by the
+#                   cuda_precompile example)
 #   .dev/q/p0..p4   the real Gemma 3 270M file in pieces that fit one call's 64 MiB carry with the
 #                   tree (p0 travels with b.txz and tok.txz)
 #   .dev/llama.tgz  a trimmed llama.cpp tree (top directory `llama.cpp`), if LLAMA_SRC is given
@@ -39,18 +40,13 @@ strip "$W"/b/*
 tar cJf .dev/b.txz -C "$W" b
 mkdir -p "$W/t/tokenizers/llama3.2" && cp "$TOK" "$W/t/tokenizers/llama3.2/"
 # The kernels' PTX for compute_90 where Gpu::open looks for it under DAMASCUS_HOME (the name
-# hashes the source, the arch and NVRTC 13.0), so a fresh machine skips that compile (~30 s).
+# hashes the source, the arch, NVRTC 13.0 and the program cut), so a fresh machine skips that
+# compile.
 T=tokenizers
 if [ -d "$NVRTC_LIB" ]; then
-  mkdir -p "$W/t/cuda"
-  python3 tools/nvrtc_check.py --lib "$NVRTC_LIB" --ptx "$W/k.ptx" > /dev/null
-  H=$(python3 -c '
-import hashlib, re
-m = open("crates/cuda/src/gpu/mod.rs").read()
-src = "".join(open("crates/cuda/kernels/" + f).read()
-              for f in re.findall(r"include_str!\(\"\.\./\.\./kernels/([a-z_0-9]+\.cu)\"\)", m))
-print(hashlib.sha256((src + "compute_90" + "nvrtc 13.0").encode()).hexdigest()[:24])')
-  cp "$W/k.ptx" "$W/t/cuda/damascus-compute_90-$H.ptx"; T="tokenizers cuda"
+  LD_LIBRARY_PATH="$NVRTC_LIB" DAMASCUS_HOME="$W/t" cargo run -q --release -p damascus-cuda \
+    --features cuda --example cuda_precompile -- compute_90
+  T="tokenizers cuda"
 fi
 tar cJf .dev/tok.txz -C "$W/t" $T
 rm -f .dev/q/p*

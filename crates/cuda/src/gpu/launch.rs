@@ -8,6 +8,7 @@
 //! `u64` for `u64` (byte offsets), `bool` for an `int` flag, and [`GemvMat`] for the three
 //! matrix slots of a GEMV.
 
+pub(crate) use super::compile::entry_bodies;
 use crate::kv_layout::KvElem;
 use crate::layout::Format;
 
@@ -112,40 +113,21 @@ pub(crate) trait Launch {
 /// (`PDL_WAIT()` in `kernels/damascus.cu`).
 const GRID_WAIT: &str = "griddepcontrol.wait";
 
+/// The names of the entries of the module `ptx` ([`entry_bodies`]).
+pub(crate) fn entries(ptx: &str) -> impl Iterator<Item = &str> {
+    entry_bodies(ptx).into_iter().map(|(name, _)| name)
+}
+
 /// The entries of the module `ptx` that run [`GRID_WAIT`] in their own body (the kernels
-/// spell it in the entry or in functions inlined into it), in one pass over the text. Only
-/// such a kernel may be launched with programmatic stream serialization: it may start before
-/// the kernel it depends on has finished, and waits for it there.
+/// spell it in the entry or in functions inlined into it). Only such a kernel may be launched
+/// with programmatic stream serialization: it may start before the kernel it depends on has
+/// finished, and waits for it there.
 pub(crate) fn grid_waiting_entries(ptx: &str) -> std::collections::HashSet<&str> {
-    let mut out = std::collections::HashSet::new();
-    let mut rest = ptx;
-    while let Some(at) = rest.find(".entry ") {
-        rest = &rest[at + ".entry ".len()..];
-        let Some(paren) = rest.find('(') else { break };
-        let name = rest[..paren].trim();
-        let Some(open) = rest.find('{') else { break };
-        let mut depth = 0usize;
-        let mut end = None;
-        for (i, c) in rest[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(open + i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else { break };
-        if rest[open..end].contains(GRID_WAIT) {
-            out.insert(name);
-        }
-        rest = &rest[end..];
-    }
-    out
+    entry_bodies(ptx)
+        .into_iter()
+        .filter(|(_, body)| body.contains(GRID_WAIT))
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// `Name = "kernel" { field: Type, ... }` declares a launch of one kernel;
@@ -670,6 +652,8 @@ mod tests {
         assert_eq!(got.into_iter().collect::<Vec<_>>(), ["waits"]);
         assert!(grid_waiting_entries("garbage .entry waits( no body").is_empty());
         assert!(grid_waiting_entries(".entry w( { griddepcontrol.wait; ").is_empty());
+        assert_eq!(entries(ptx).collect::<Vec<_>>(), ["quiet", "waits", "wai"]);
+        assert_eq!(entry_bodies(ptx)[2].1, "{\n\tret;\n}");
     }
 
     #[test]

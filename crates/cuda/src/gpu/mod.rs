@@ -1,6 +1,8 @@
 //! The device: context, stream, the NVRTC-compiled kernels and cuBLAS ([`Gpu`]), split into
 //!
-//! * [`launch`]: a typed launch struct per kernel (a wrong argument fails to compile);
+//! * `launch`: a typed launch struct per kernel (a wrong argument fails to compile);
+//! * [`compile`]: the kernels compiled by NVRTC as one program per definition, in parallel,
+//!   and cached on disk (one module per program);
 //! * `buffers`: device buffers, weights, activations and the KV cache;
 //! * `recorder`: the op recorder, flushes and decode graphs;
 //! * `profile`: per-op GPU times (`DAMASCUS_CUDA_PROFILE=1`);
@@ -27,6 +29,7 @@
 
 mod attention;
 mod buffers;
+pub mod compile;
 pub(crate) mod launch;
 mod ops;
 mod paged;
@@ -34,7 +37,6 @@ mod profile;
 mod recorder;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
@@ -50,7 +52,8 @@ use launch::KERNELS;
 use profile::Profile;
 use recorder::Recorder;
 
-/// The kernel source, compiled at run time for the device's architecture: `damascus.cu`, then
+/// The kernel source, compiled at run time for the device's architecture ([`compile`]):
+/// `damascus.cu`, then
 /// `gemv.cu` (dequantization and the one-token GEMVs), `kv_quant.cu` (the cache write into a
 /// q8_0 KV cache), `mmq.cu` (the int8 tensor-core prompt matmuls, which use the first file's
 /// helpers),
@@ -166,56 +169,6 @@ impl Drop for Gpu {
     }
 }
 
-fn cache_path(arch: &str) -> Option<PathBuf> {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    h.update(SOURCE.as_bytes());
-    h.update(arch.as_bytes());
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: nvrtcVersion writes two ints; NVRTC was found loadable before this runs.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    h.update(format!("nvrtc {major}.{minor}").as_bytes());
-    let hex: String = h.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = damascus_hub::cache_dir().ok()?.join("cuda");
-    Some(dir.join(format!("damascus-{arch}-{hex}.ptx")))
-}
-
-/// PTX for `arch`, from the disk cache or NVRTC.
-fn ptx_for(arch: &'static str) -> Result<String, CudaError> {
-    let path = cache_path(arch);
-    if let Some(p) = &path
-        && let Ok(s) = std::fs::read_to_string(p)
-    {
-        return Ok(s);
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
-        options: vec!["--std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            CudaError::Compile(log.to_string_lossy().into_owned())
-        }
-        other => CudaError::Compile(format!("{other:?}")),
-    })?;
-    let src = ptx.to_src();
-    if let Some(p) = &path
-        && let Some(dir) = p.parent()
-        && std::fs::create_dir_all(dir).is_ok()
-    {
-        // Write then rename: a concurrent reader never sees half a file.
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &src).is_ok() {
-            let _ = std::fs::rename(&tmp, p);
-        }
-    }
-    Ok(src)
-}
-
 impl Gpu {
     /// Opens device `ordinal`: checks that the driver, NVRTC and cuBLAS libraries load,
     /// creates a context and stream, and compiles (or loads from the disk cache) the kernels.
@@ -301,22 +254,34 @@ impl Gpu {
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let total_mem = ctx.total_mem().unwrap_or(0);
         let arch: &'static str = Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
-        let ptx = ptx_for(arch)?;
+        let units = compile::ptx_units(arch)?;
         // PDL needs sm_90 (the kernels compile `PDL_WAIT()` to nothing below it).
-        let waiting = launch::grid_waiting_entries(&ptx);
+        let mut waiting = std::collections::HashSet::new();
+        let mut home = HashMap::new(); // kernel name -> its program's module
+        let mut modules = Vec::with_capacity(units.len());
+        for ptx in &units {
+            waiting.extend(launch::grid_waiting_entries(ptx));
+            for name in launch::entries(ptx) {
+                home.insert(name, modules.len());
+            }
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx.as_str()))
+                .map_err(call("loading the kernels"))?;
+            modules.push(module);
+        }
         let pdl_ok: Vec<bool> = KERNELS
             .iter()
             .map(|k| cc.0 >= 9 && waiting.contains(k))
             .collect();
         drop(waiting);
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(call("loading the kernels"))?;
         let mut funcs = Vec::with_capacity(KERNELS.len());
         let mut index = HashMap::new();
         let mut flash_ok = true;
         let mut attn_v2_ok = true;
         for (i, &k) in KERNELS.iter().enumerate() {
+            let module = home.get(k).and_then(|&m| modules.get(m)).ok_or_else(|| {
+                CudaError::Compile(format!("kernel {k} is in none of the compiled programs"))
+            })?;
             let f = module.load_function(k).map_err(call(k))?;
             if let Some(d) = k.strip_prefix("attn_flash_") {
                 // A device that cannot give the tiles their shared memory runs the CUDA-core
