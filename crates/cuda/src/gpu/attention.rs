@@ -63,7 +63,7 @@ pub struct AttnParams {
     pub window: usize,
 }
 
-/// Positions per decode split for `n_pos` cached positions: at least [`ATT_CHUNK_MIN`], a
+/// Positions per decode split for `n_pos` cached positions: at least `ATT_CHUNK_MIN`, a
 /// power of two, growing with the depth so there stay about 64 splits per KV head (enough
 /// blocks to fill the device; fewer, longer splits waste less on per-block setup and on the
 /// combine).

@@ -138,7 +138,7 @@ pub fn entry_bodies(ptx: &str) -> Vec<(&str, &str)> {
 }
 
 /// Every program of [`unit_sources`]`(SOURCE)` compiled for `arch` (no cache), on up to
-/// [`MAX_THREADS`] threads.
+/// eight threads.
 pub fn compile_units(arch: &'static str) -> Result<Vec<String>, CudaError> {
     let units = unit_sources(SOURCE);
     let threads = std::thread::available_parallelism()

@@ -696,7 +696,7 @@ impl Gpu {
     }
 
     /// Runs the dequantization kernel on rows `0..rows` of `w` (tests compare it with
-    /// [`layout::dequant_row`]).
+    /// [`crate::layout::dequant_row`]).
     pub fn dequantize(&self, w: &DevMatrix) -> Result<Vec<f32>, CudaError> {
         let out = self.act(w.rows, w.cols)?;
         self.push_dequant(w, w.rows, Ptr::NULL, out.x.ptr, Ptr::NULL);
