@@ -53,14 +53,17 @@ pub fn unit_sources(source: &str) -> Vec<String> {
         .collect()
 }
 
-/// The order programs are handed to the threads: macro definitions (each instantiated for
-/// several head sizes and cache types: the slowest) first, then the longest definitions.
+/// The order programs are handed to the threads, slowest first by a guess from the text: a
+/// macro whose name pastes both a head size and a cache type (`attn_split_##D##SUF`: one
+/// kernel per combination, ~10 s each for the split and prefill attention) before one that
+/// pastes one, before plain kernels; longer definitions first within each.
 fn heaviest_first(source: &str) -> Vec<usize> {
     let defs: Vec<&str> = source.split(KERNEL).skip(1).collect();
     let mut order: Vec<usize> = (0..defs.len().max(1)).collect();
     order.sort_by_key(|&i| {
         let d = defs.get(i).copied().unwrap_or("");
-        std::cmp::Reverse((d.contains("##"), d.len()))
+        let head = &d[..d.find('{').unwrap_or(d.len())];
+        std::cmp::Reverse((head.matches("##").count(), d.len()))
     });
     order
 }
@@ -232,7 +235,13 @@ mod tests {
         assert_eq!(unit_sources("no kernels"), vec!["no kernels".to_string()]);
         // The macro definition first, then the longest definition.
         assert_eq!(heaviest_first(src), vec![1, 0, 2]);
-        // The real source: one program per definition.
+        // The real source: one program per definition, an attention macro first.
         assert_eq!(unit_sources(SOURCE).len(), SOURCE.matches(KERNEL).count());
+        let first = heaviest_first(SOURCE)[0];
+        let def = SOURCE.split(KERNEL).nth(first + 1).unwrap_or("");
+        assert!(
+            def[..def.find('{').unwrap_or(0)].contains("##SUF"),
+            "{def:.80}"
+        );
     }
 }
