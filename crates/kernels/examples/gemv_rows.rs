@@ -1,7 +1,8 @@
 //! Decode GEMV cost per step as the number of token rows grows (issue 26): a repacked matrix
 //! times `n` rows on one thread, in cache. A developer tool.
 //!
-//! `cargo run --release -p damascus-kernels --example gemv_rows -- [ROWS] [COLS] [TYPE] [COPIES]`
+//! `cargo run --release -p damascus-kernels --example gemv_rows -- [ROWS] [COLS] [TYPE] [COPIES] [avx2]`
+//! (`avx2`: the AVX2 int8 path even where VNNI is present)
 
 use std::time::Instant;
 
@@ -42,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ms: Vec<PackedMatrix> = (0..copies.max(1))
         .map(|_| PackedMatrix::pack(w, None))
         .collect::<Result<_, _>>()?;
-    let path = if Int8Path::Vnni.is_available() && std::env::args().nth(5).is_none() {
+    let path = if Int8Path::Vnni.is_available() && args.get(4).is_none_or(|a| a != "avx2") {
         Int8Path::Vnni
     } else {
         Int8Path::Avx2

@@ -8,7 +8,8 @@
 //! `u64` for `u64` (byte offsets), `bool` for an `int` flag, and [`GemvMat`] for the three
 //! matrix slots of a GEMV.
 
-pub(crate) use super::compile::entry_bodies;
+#[cfg(test)]
+use super::compile::entry_bodies;
 use crate::kv_layout::KvElem;
 use crate::layout::Format;
 
@@ -113,19 +114,20 @@ pub(crate) trait Launch {
 /// (`PDL_WAIT()` in `kernels/damascus.cu`).
 const GRID_WAIT: &str = "griddepcontrol.wait";
 
-/// The names of the entries of the module `ptx` ([`entry_bodies`]).
-pub(crate) fn entries(ptx: &str) -> impl Iterator<Item = &str> {
-    entry_bodies(ptx).into_iter().map(|(name, _)| name)
+/// Whether an entry's `body` runs [`GRID_WAIT`] itself (the kernels spell it in the entry or
+/// in functions inlined into it). Only such a kernel may be launched with programmatic stream
+/// serialization: it may start before the kernel it depends on has finished, and waits for
+/// it there.
+pub(crate) fn waits_on_grid(body: &str) -> bool {
+    body.contains(GRID_WAIT)
 }
 
-/// The entries of the module `ptx` that run [`GRID_WAIT`] in their own body (the kernels
-/// spell it in the entry or in functions inlined into it). Only such a kernel may be launched
-/// with programmatic stream serialization: it may start before the kernel it depends on has
-/// finished, and waits for it there.
-pub(crate) fn grid_waiting_entries(ptx: &str) -> std::collections::HashSet<&str> {
+/// The entries of the module `ptx` that [`waits_on_grid`].
+#[cfg(test)]
+fn grid_waiting_entries(ptx: &str) -> std::collections::HashSet<&str> {
     entry_bodies(ptx)
         .into_iter()
-        .filter(|(_, body)| body.contains(GRID_WAIT))
+        .filter(|(_, body)| waits_on_grid(body))
         .map(|(name, _)| name)
         .collect()
 }
@@ -652,7 +654,8 @@ mod tests {
         assert_eq!(got.into_iter().collect::<Vec<_>>(), ["waits"]);
         assert!(grid_waiting_entries("garbage .entry waits( no body").is_empty());
         assert!(grid_waiting_entries(".entry w( { griddepcontrol.wait; ").is_empty());
-        assert_eq!(entries(ptx).collect::<Vec<_>>(), ["quiet", "waits", "wai"]);
+        let names: Vec<&str> = entry_bodies(ptx).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["quiet", "waits", "wai"]);
         assert_eq!(entry_bodies(ptx)[2].1, "{\n\tret;\n}");
     }
 

@@ -22,7 +22,7 @@
 //!
 //! With programmatic dependent launch on ([`Gpu::set_pdl`], sm_90+), a kernel that follows
 //! another kernel and whose PTX waits on the grid before it (`PDL_WAIT()` in the kernels,
-//! found by `launch::grid_waiting_entries` when the module loads) launches with programmatic
+//! found by `launch::waits_on_grid` when the modules load) launches with programmatic
 //! stream serialization: its blocks start while that kernel drains (decode GEMV blocks
 //! prefetch their weight rows into L2 meanwhile) and wait in-kernel for its results. Stream
 //! capture keeps those edges in the graphs; the graph key includes the switch.
@@ -260,9 +260,11 @@ impl Gpu {
         let mut home = HashMap::new(); // kernel name -> its program's module
         let mut modules = Vec::with_capacity(units.len());
         for ptx in &units {
-            waiting.extend(launch::grid_waiting_entries(ptx));
-            for name in launch::entries(ptx) {
+            for (name, body) in compile::entry_bodies(ptx) {
                 home.insert(name, modules.len());
+                if launch::waits_on_grid(body) {
+                    waiting.insert(name);
+                }
             }
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx.as_str()))
