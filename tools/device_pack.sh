@@ -54,7 +54,8 @@ head -c 43000000 "$GEMMA" > .dev/q/p0
 tail -c +43000001 "$GEMMA" > "$W/rest" && split -n 4 -d -a 1 "$W/rest" .dev/q/x
 for i in 0 1 2 3; do mv ".dev/q/x$i" ".dev/q/p$((i + 1))"; done
 if [ -n "${LLAMA_SRC:-}" ]; then
+  SRC=$(realpath "$LLAMA_SRC") # a symlinked checkout (the sdist's vendor/llama.cpp) packs its target
   tar czf .dev/llama.tgz --exclude=.git --exclude='*/build*' --exclude=models --exclude=docs \
-    -C "$(dirname "$LLAMA_SRC")" --transform "s,^$(basename "$LLAMA_SRC"),llama.cpp," "$(basename "$LLAMA_SRC")"
+    -C "$(dirname "$SRC")" --transform "s,^$(basename "$SRC"),llama.cpp," "$(basename "$SRC")"
 fi
 rm -rf "$W"; ls -la .dev .dev/q
