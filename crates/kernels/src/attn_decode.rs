@@ -274,13 +274,18 @@ pub(crate) fn softmax(simd: bool, s: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use core::arch::x86_64::*;
 
     use crate::quantdot::f16_to_f32;
 
+    /// The horizontal sum of the AVX2 kernels (the grouped kernel repeats it operation for
+    /// operation, so its scores keep these bits).
+    ///
+    /// # Safety
+    /// The caller has AVX enabled.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(crate) unsafe fn hsum(v: __m256) -> f32 {
         // SAFETY: register-only AVX ops in an AVX-enabled caller.
         unsafe {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));

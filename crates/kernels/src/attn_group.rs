@@ -101,6 +101,7 @@ mod x86 {
 
     use super::{MAX_G, Scratch};
     use crate::attn_decode::softmax_avx512;
+    use crate::attn_decode::x86::hsum;
     use crate::attn_kv::KvRows;
     use crate::attn_paged::{PagedQuery, PagedShape};
     use crate::attn_paged_tiled::avx512::hsum16;
@@ -111,17 +112,6 @@ mod x86 {
 
     /// Positions whose scores one step computes together (their 4·G sums in one [`hsum16`]).
     const NK: usize = 4;
-
-    /// The AVX2 kernels' horizontal sum, operation for operation.
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: register-only AVX ops in an AVX-enabled caller.
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-        }
-    }
 
     /// The element offsets of positions `lo..hi` of KV head `kvh` into `rows`, block by block
     /// (as `PagedShape::offset`, without a division per position).
