@@ -2,8 +2,8 @@
 """Serving benchmark: N concurrent streaming clients against OpenAI-compatible servers.
 
 Each client sends one /v1/completions request with a prompt of --prompt-tokens token ids
-(distinct per client, so no request reuses another's prefix), greedy, ignore_eos, and reads
---gen-tokens streamed tokens. Per concurrency level it reports aggregate generated tok/s
+(distinct per client, round and concurrency level, so no request reuses another's prefix),
+greedy, ignore_eos, and reads --gen-tokens streamed tokens. Per concurrency level it reports aggregate generated tok/s
 (all tokens / wall time from the first request sent to the last token received), time to
 first token p50/p95 and inter-token latency p50/p95 (gaps between streamed tokens).
 
@@ -113,8 +113,10 @@ def run_level(url, model, n, args):
     progress = [[] for _ in range(n)]  # each stream's token times, filled as they arrive
     threads = [
         threading.Thread(target=one_request, args=(
-            url, model, prompt_ids(c + args.seed * 1000, args.prompt_tokens, args.vocab_lo,
-                                   args.vocab_hi),
+            # Distinct per client, round (seed) and level (n): no request of the run finds
+            # another's prompt in a prefix cache.
+            url, model, prompt_ids(c + args.seed * 1000 + n * 1_000_000, args.prompt_tokens,
+                                   args.vocab_lo, args.vocab_hi),
             args.gen_tokens, out, barrier, args.timeout, progress[c]))
         for c in range(n)
     ]
