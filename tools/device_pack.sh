@@ -55,7 +55,10 @@ tail -c +43000001 "$GEMMA" > "$W/rest" && split -n 4 -d -a 1 "$W/rest" .dev/q/x
 for i in 0 1 2 3; do mv ".dev/q/x$i" ".dev/q/p$((i + 1))"; done
 if [ -n "${LLAMA_SRC:-}" ]; then
   SRC=$(realpath "$LLAMA_SRC") # a symlinked checkout (the sdist's vendor/llama.cpp) packs its target
-  tar czf .dev/llama.tgz --exclude=.git --exclude='*/build*' --exclude=models --exclude=docs \
-    -C "$(dirname "$SRC")" --transform "s,^$(basename "$SRC"),llama.cpp," "$(basename "$SRC")"
+  B=$(basename "$SRC")
+  # Only the top-level build/, models/ and docs/ go: sources named models/ or build-info.* exist
+  # deeper (src/models, tools/mtmd/models, common/build-info.h) and the build needs them.
+  tar czf .dev/llama.tgz --exclude=.git --anchored --exclude="$B/build" --exclude="$B/models" \
+    --exclude="$B/docs" -C "$(dirname "$SRC")" --transform "s,^$B,llama.cpp," "$B"
 fi
 rm -rf "$W"; ls -la .dev .dev/q
