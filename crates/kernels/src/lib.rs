@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod cuda_probe;
 pub mod elementwise;
 pub mod gemm;
+pub mod hugebuf;
 pub mod matmul;
 pub mod pool;
 pub mod quantdot;

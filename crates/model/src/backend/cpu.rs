@@ -33,6 +33,7 @@ use damascus_kernels::attn_prefill;
 use damascus_kernels::gemm::int8::Int8Path;
 use damascus_kernels::gemm::packed::PackedMatrix;
 use damascus_kernels::gemm::{self, GemmPath, PackedActs, WeightRef};
+use damascus_kernels::hugebuf::{Elem, HugeBuf};
 use damascus_kernels::matmul::Plan;
 use damascus_kernels::pool::{ThreadClamp, ThreadPool, chunk_len, physical_cores};
 use damascus_kernels::quantdot::{self, DotKernels, Isa, WeightType};
@@ -215,14 +216,31 @@ pub struct CpuKvCache {
 #[derive(Debug)]
 enum KvStore {
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` f16 bits (keys, then values).
-    F16 { k: Vec<Vec<u16>>, v: Vec<Vec<u16>> },
+    F16 {
+        k: Vec<HugeBuf<u16>>,
+        v: Vec<HugeBuf<u16>>,
+    },
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` f32 (keys, then values).
-    F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    F32 {
+        k: Vec<HugeBuf<f32>>,
+        v: Vec<HugeBuf<f32>>,
+    },
     /// Per layer: `[n_head_kv, n_ctx, head_dim]` q8_0 (keys, then values; paged path only).
     Q8 {
         k: Vec<paged::Q8Layer>,
         v: Vec<paged::Q8Layer>,
     },
+}
+
+/// `n_layer` zeroed huge-page buffers of `per_layer` elements each (a clear error when the
+/// memory cannot be mapped).
+pub(super) fn kv_layers<T: Elem>(
+    n_layer: usize,
+    per_layer: usize,
+) -> Result<Vec<HugeBuf<T>>, ModelError> {
+    (0..n_layer)
+        .map(|_| HugeBuf::zeroed(per_layer).map_err(|e| kernel_err("KV cache", e)))
+        .collect()
 }
 
 /// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into
@@ -542,15 +560,18 @@ impl Backend for CpuBackend {
     fn new_kv_cache(&self, shape: KvShape) -> Result<CpuKvCache, ModelError> {
         shape.check_host_memory()?;
         let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
-        // Zeroed allocations are lazily backed by the OS: only touched pages cost memory.
+        // Zeroed mappings are lazily backed by the OS: only touched pages cost memory. They
+        // are advised for huge pages: a sequence's blocks are scattered over the pool, and
+        // with 4 KiB pages nearly every block a decode step reads costs a TLB miss.
+        let n = shape.n_layer;
         let store = match shape.cache_type {
             KvCacheType::F16 => KvStore::F16 {
-                k: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
-                v: (0..shape.n_layer).map(|_| vec![0u16; per_layer]).collect(),
+                k: kv_layers(n, per_layer)?,
+                v: kv_layers(n, per_layer)?,
             },
             KvCacheType::F32 => KvStore::F32 {
-                k: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
-                v: (0..shape.n_layer).map(|_| vec![0f32; per_layer]).collect(),
+                k: kv_layers(n, per_layer)?,
+                v: kv_layers(n, per_layer)?,
             },
             KvCacheType::Q8_0 => paged::q8_store(shape)?,
         };

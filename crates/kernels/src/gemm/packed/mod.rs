@@ -48,6 +48,7 @@ use std::ops::Range;
 use damascus_quant::GgmlType;
 use damascus_quant::fp::fp16_to_f32;
 
+use crate::hugebuf::HugeBuf;
 use crate::pool::ThreadPool;
 use crate::quantdot::KernelError;
 
@@ -214,35 +215,12 @@ pub fn can_pack(dtype: GgmlType) -> bool {
     format(dtype).is_some()
 }
 
-/// Zeroed, page-aligned bytes of their own anonymous mapping, advised for transparent huge
-/// pages on Linux. Fresh pages are faulted in (and cleared by the kernel) by the threads that
-/// pack into them, in parallel, and 2 MiB pages make both that and decode's streaming cheaper
-/// in TLB misses (with 4 KiB pages the page clearing alone took 30 % of the load on a VM).
-struct Aligned {
-    map: memmap2::MmapMut,
-    len: usize,
-}
-
-impl Aligned {
-    fn zeroed(len: usize) -> Result<Aligned, KernelError> {
-        let map = memmap2::MmapMut::map_anon(len.max(1))
-            .map_err(|e| KernelError::BadShape(format!("repack: cannot map {len} bytes: {e}")))?;
-        #[cfg(target_os = "linux")]
-        {
-            // Only a hint; a kernel without THP says no and nothing changes.
-            let _ = map.advise(memmap2::Advice::HugePage);
-        }
-        Ok(Aligned { map, len })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.map[..self.len]
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.map[..self.len]
-    }
-}
+/// The packed bytes: zeroed, page-aligned, in their own mapping advised for huge pages
+/// ([`crate::hugebuf`]). Fresh pages are faulted in (and cleared by the kernel) by the threads
+/// that pack into them, in parallel, and 2 MiB pages make both that and decode's streaming
+/// cheaper in TLB misses (with 4 KiB pages the page clearing alone took 30 % of the load on a
+/// VM).
+type Aligned = HugeBuf<u8>;
 
 /// `f(first_row_or_panel, bytes)`: fills a buffer, or fails with `E`.
 type ReadPanel<'a, E> = dyn Fn(usize, &mut [u8]) -> Result<(), E> + Sync + 'a;
@@ -404,7 +382,7 @@ impl PackedMatrix {
         let mut m = Self::zeroed(w.dtype, w.rows, w.cols)?;
         let rb = w.row_bytes();
         let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
-        let r = fill_panels(data.bytes_mut(), m.panel_bytes, pool, &|p, dst| {
+        let r = fill_panels(&mut data, m.panel_bytes, pool, &|p, dst| {
             m.pack_panel(&w.bytes[p * ROWS * rb..(p + 1) * ROWS * rb], dst);
             Ok(())
         });
@@ -432,7 +410,7 @@ impl PackedMatrix {
         let mut m = Self::zeroed(dtype, rows, cols)?;
         let first = std::sync::Mutex::new(None);
         let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
-        let res = fill_panels(data.bytes_mut(), m.panel_bytes, pool, &|p, dst| {
+        let res = fill_panels(&mut data, m.panel_bytes, pool, &|p, dst| {
             let mut buf = vec![0u8; ROWS * rb]; // [32, row_bytes] file blocks
             match read(p * ROWS, &mut buf) {
                 Ok(()) => {
@@ -532,13 +510,13 @@ impl PackedMatrix {
 
     /// Bytes held.
     pub fn n_bytes(&self) -> usize {
-        self.data.len
+        self.data.len()
     }
 
     /// Panel `p`'s bytes.
     fn panel(&self, p: usize) -> &[u8] {
         let l = self.panel_bytes;
-        &self.data.bytes()[p * l..(p + 1) * l]
+        &self.data[p * l..(p + 1) * l]
     }
 
     /// Row `r` as `s · q − m` (the values every kernel here multiplies), into `out` `[cols]`.

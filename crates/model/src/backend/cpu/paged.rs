@@ -11,6 +11,7 @@ use damascus_kernels::attn_group::attn_paged_f16_grouped;
 use damascus_kernels::attn_kv::{Q8Rows, quantize_q8_0};
 use damascus_kernels::attn_paged::{PagedQuery, PagedShape, attn_paged_f16};
 use damascus_kernels::attn_paged_q8::{attn_paged_q8, attn_paged_q8_grouped};
+use damascus_kernels::hugebuf::HugeBuf;
 use damascus_kernels::reference as k;
 
 use super::{CpuBackend, CpuKvCache, KvStore, dot_f32, kernel_err};
@@ -22,22 +23,27 @@ use crate::error::ModelError;
 #[derive(Debug)]
 pub(super) struct Q8Layer {
     /// `[n_head_kv, n_ctx, head_dim]` quantized values.
-    qs: Vec<i8>,
+    qs: HugeBuf<i8>,
     /// `[n_head_kv, n_ctx, head_dim / 32]` f16 bits: the scale of each 32 values.
-    d: Vec<u16>,
+    d: HugeBuf<u16>,
 }
 
 /// A zeroed q8_0 store for `shape` (head sizes multiple of 32, else a clear error).
 pub(super) fn q8_store(shape: KvShape) -> Result<KvStore, ModelError> {
     shape.check_cache_type()?;
     let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
-    let layer = || Q8Layer {
-        qs: vec![0i8; per_layer],
-        d: vec![0u16; per_layer / 32],
+    let layers = || -> Result<Vec<Q8Layer>, ModelError> {
+        let qs = super::kv_layers(shape.n_layer, per_layer)?;
+        let d = super::kv_layers(shape.n_layer, per_layer / 32)?;
+        Ok(qs
+            .into_iter()
+            .zip(d)
+            .map(|(qs, d)| Q8Layer { qs, d })
+            .collect())
     };
     Ok(KvStore::Q8 {
-        k: (0..shape.n_layer).map(|_| layer()).collect(),
-        v: (0..shape.n_layer).map(|_| layer()).collect(),
+        k: layers()?,
+        v: layers()?,
     })
 }
 
