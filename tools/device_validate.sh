@@ -8,7 +8,8 @@
 #   gemma   (with piece 4 in the same call: `P=4`): Gemma 3 270M against HF on CUDA
 #           (crates/model/tests/gemma3_270m.rs `cuda`, under DAMASCUS_TWO_LEVEL=all) and
 #           tools/oracle_dp.py over the settings that move its accuracy
-#   tests   every GPU test binary with DAMASCUS_REQUIRE_CUDA=1
+#   tests   every GPU test binary with DAMASCUS_REQUIRE_CUDA=1 (300 s each: the first may wait
+#           on a host busy with the setup stage's builds)
 #   ab      carry .dev/ab.txz (b/damascus-NAME, other builds of damascus): pp512/tg128 of each
 #           against this tree's, interleaved
 #   bench   the 3B against llama-bench (if built; tools/bench_cuda_compare.py, ROUNDS x PER
@@ -46,7 +47,7 @@ gemma)
     --variant all_noflash=DAMASCUS_TWO_LEVEL=all,DAMASCUS_CUDA_FLASH=0 --variant tl0=DAMASCUS_TWO_LEVEL=0 2>&1 | tee "$OUT/dp-cuda.txt" ;;
 tests)
   for b in /tmp/b/test-*; do
-    ( cd /tmp && DAMASCUS_REQUIRE_CUDA=1 timeout 120 "$b" --test-threads 1 2>&1 ) > "$OUT/$(basename "$b").txt"
+    ( cd /tmp && DAMASCUS_REQUIRE_CUDA=1 timeout 300 "$b" --test-threads 1 2>&1 ) > "$OUT/$(basename "$b").txt"
     echo "$(basename "$b"): $(grep -E 'test result|panicked' "$OUT/$(basename "$b").txt" | tail -2 | cut -c1-160 | tr '\n' ' ') t=${SECONDS}s"
   done ;;
 bench)
