@@ -39,11 +39,14 @@ pub struct HugeBuf<T: Elem> {
 impl<T: Elem> HugeBuf<T> {
     /// `len` zeroed elements (a clear error when the mapping fails, e.g. out of address space).
     pub fn zeroed(len: usize) -> Result<HugeBuf<T>, KernelError> {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .ok_or_else(|| KernelError::BadShape(format!("buffer of {len} elements overflows")))?;
-        let map = memmap2::MmapMut::map_anon(bytes.max(1))
-            .map_err(|e| KernelError::BadShape(format!("cannot map a {bytes}-byte buffer: {e}")))?;
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(KernelError::Map {
+            bytes: usize::MAX,
+            why: format!("{len} elements overflow the address space"),
+        })?;
+        let map = memmap2::MmapMut::map_anon(bytes.max(1)).map_err(|e| KernelError::Map {
+            bytes,
+            why: e.to_string(),
+        })?;
         #[cfg(target_os = "linux")]
         {
             // Only a hint (see the module docs).
@@ -104,6 +107,7 @@ mod tests {
 
     #[test]
     fn an_impossible_size_is_an_error() {
-        assert!(HugeBuf::<f32>::zeroed(usize::MAX / 2).is_err());
+        let e = HugeBuf::<f32>::zeroed(usize::MAX / 2).unwrap_err();
+        assert!(matches!(e, KernelError::Map { .. }), "{e}");
     }
 }

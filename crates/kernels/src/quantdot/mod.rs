@@ -191,6 +191,15 @@ pub enum KernelError {
     /// Inconsistent attention geometry.
     #[error("attention shape: {0}")]
     BadShape(String),
+    /// A buffer could not be mapped (out of memory or address space, or a size that
+    /// overflows).
+    #[error("cannot map a buffer of {bytes} bytes: {why}")]
+    Map {
+        /// Requested size (saturated where it overflows).
+        bytes: usize,
+        /// What the system said.
+        why: String,
+    },
     /// The activations are in a format that does not pair with the weights.
     #[error("{wtype:?} weights need {expected:?} activations, found {found:?}")]
     WrongActType {

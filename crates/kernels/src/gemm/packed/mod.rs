@@ -215,13 +215,6 @@ pub fn can_pack(dtype: GgmlType) -> bool {
     format(dtype).is_some()
 }
 
-/// The packed bytes: zeroed, page-aligned, in their own mapping advised for huge pages
-/// ([`crate::hugebuf`]). Fresh pages are faulted in (and cleared by the kernel) by the threads
-/// that pack into them, in parallel, and 2 MiB pages make both that and decode's streaming
-/// cheaper in TLB misses (with 4 KiB pages the page clearing alone took 30 % of the load on a
-/// VM).
-type Aligned = HugeBuf<u8>;
-
 /// `f(first_row_or_panel, bytes)`: fills a buffer, or fails with `E`.
 type ReadPanel<'a, E> = dyn Fn(usize, &mut [u8]) -> Result<(), E> + Sync + 'a;
 
@@ -236,8 +229,11 @@ pub struct PackedMatrix {
     mmul: f32,
     /// Bytes per panel (a multiple of 64).
     panel_bytes: usize,
-    /// `[rows / 32][panel_bytes]`.
-    data: Aligned,
+    /// `[rows / 32][panel_bytes]`, in a huge-page mapping ([`crate::hugebuf`]): fresh pages
+    /// are faulted in (and cleared by the kernel) by the threads that pack into them, in
+    /// parallel, and 2 MiB pages make both that and decode's streaming cheaper in TLB misses
+    /// (with 4 KiB pages the page clearing alone took 30 % of the load on a VM).
+    data: HugeBuf<u8>,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -381,7 +377,7 @@ impl PackedMatrix {
         }
         let mut m = Self::zeroed(w.dtype, w.rows, w.cols)?;
         let rb = w.row_bytes();
-        let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
+        let mut data = std::mem::replace(&mut m.data, HugeBuf::zeroed(0)?);
         let r = fill_panels(&mut data, m.panel_bytes, pool, &|p, dst| {
             m.pack_panel(&w.bytes[p * ROWS * rb..(p + 1) * ROWS * rb], dst);
             Ok(())
@@ -409,7 +405,7 @@ impl PackedMatrix {
         }
         let mut m = Self::zeroed(dtype, rows, cols)?;
         let first = std::sync::Mutex::new(None);
-        let mut data = std::mem::replace(&mut m.data, Aligned::zeroed(0)?);
+        let mut data = std::mem::replace(&mut m.data, HugeBuf::zeroed(0)?);
         let res = fill_panels(&mut data, m.panel_bytes, pool, &|p, dst| {
             let mut buf = vec![0u8; ROWS * rb]; // [32, row_bytes] file blocks
             match read(p * ROWS, &mut buf) {
@@ -456,7 +452,7 @@ impl PackedMatrix {
             scales,
             mmul,
             panel_bytes,
-            data: Aligned::zeroed(bytes)?,
+            data: HugeBuf::zeroed(bytes)?,
         })
     }
 
