@@ -232,15 +232,15 @@ enum KvStore {
     },
 }
 
-/// `n_layer` zeroed huge-page buffers of `per_layer` elements each (a clear error when the
-/// memory cannot be mapped).
-pub(super) fn kv_layers<T: Elem>(
-    n_layer: usize,
-    per_layer: usize,
-) -> Result<Vec<HugeBuf<T>>, ModelError> {
-    (0..n_layer)
-        .map(|_| HugeBuf::zeroed(per_layer).map_err(|e| kernel_err("KV cache", e)))
-        .collect()
+/// A zeroed huge-page KV buffer of `len` elements (a clear error when the memory cannot be
+/// mapped).
+pub(super) fn kv_buf<T: Elem>(len: usize) -> Result<HugeBuf<T>, ModelError> {
+    HugeBuf::zeroed(len).map_err(|e| kernel_err("KV cache", e))
+}
+
+/// `n_layer` [`kv_buf`]s of `per_layer` elements.
+fn kv_layers<T: Elem>(n_layer: usize, per_layer: usize) -> Result<Vec<HugeBuf<T>>, ModelError> {
+    (0..n_layer).map(|_| kv_buf(per_layer)).collect()
 }
 
 /// Writes `n_tokens` new positions (`[n_tokens, n_head_kv, hd]` f32 rows of `kk`, `v`) into

@@ -33,13 +33,14 @@ pub(super) fn q8_store(shape: KvShape) -> Result<KvStore, ModelError> {
     shape.check_cache_type()?;
     let per_layer = shape.n_ctx * shape.n_head_kv * shape.head_dim;
     let layers = || -> Result<Vec<Q8Layer>, ModelError> {
-        let qs = super::kv_layers(shape.n_layer, per_layer)?;
-        let d = super::kv_layers(shape.n_layer, per_layer / 32)?;
-        Ok(qs
-            .into_iter()
-            .zip(d)
-            .map(|(qs, d)| Q8Layer { qs, d })
-            .collect())
+        (0..shape.n_layer)
+            .map(|_| {
+                Ok(Q8Layer {
+                    qs: super::kv_buf(per_layer)?,
+                    d: super::kv_buf(per_layer / 32)?,
+                })
+            })
+            .collect()
     };
     Ok(KvStore::Q8 {
         k: layers()?,
